@@ -1,0 +1,74 @@
+"""Default config: an MLP on Friedman #1 (`python train.py` trains this).
+
+Every key meshfit reads is declared here with a comment; other configs import
+this one and override. Any key can be overridden on the command line, e.g.
+`--config.model.hidden_sizes='(64, 64)'` or `--config.mesh.model=2`.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  """Returns the default config."""
+  config = ml_collections.ConfigDict()
+  # One integer seeds parameters, data order, dropout and everything random.
+  config.seed = 0
+
+  config.dataset = ml_collections.ConfigDict()
+  # TFDS builder (and config) name.
+  config.dataset.name = 'synthetic_regression/friedman1'
+  # Where TFDS prepares and reads data (prepared locally, never downloaded).
+  config.dataset.data_dir = '~/tensorflow_datasets'
+  # TFDS split names for training and evaluation.
+  config.dataset.train_split = 'train'
+  config.dataset.eval_split = 'test'
+  # Train on features and targets standardised with the training split's
+  # mean and std (stored in the checkpoint); metrics stay in original units.
+  config.dataset.standardize = True
+  # Global batches the input pipeline prepares ahead of the train step.
+  config.dataset.prefetch_batches = 2
+
+  config.model = ml_collections.ConfigDict()
+  # Hidden layer widths; () is a linear model.
+  config.model.hidden_sizes = (128, 128)
+  # Hidden activation: relu, gelu, tanh, silu, elu, sigmoid or identity.
+  config.model.activation = 'relu'
+  # Dropout probability after each hidden activation during training.
+  config.model.dropout_rate = 0.0
+
+  config.optimizer = ml_collections.ConfigDict()
+  # sgd, adam or adamw.
+  config.optimizer.name = 'adam'
+  # Peak learning rate.
+  config.optimizer.learning_rate = 3e-3
+  # constant, or warmup_cosine (linear warmup then cosine decay to the end).
+  config.optimizer.schedule = 'warmup_cosine'
+  # Linear warmup length in steps (warmup_cosine only).
+  config.optimizer.warmup_steps = 200
+  # Final learning rate as a fraction of the peak (warmup_cosine only).
+  config.optimizer.end_learning_rate_factor = 0.01
+  # Decoupled weight decay (adamw only).
+  config.optimizer.weight_decay = 1e-4
+  # Momentum for sgd; 0 is plain SGD.
+  config.optimizer.momentum = 0.0
+  # Clip gradients to this global norm; 0 disables clipping.
+  config.optimizer.grad_clip_norm = 0.0
+
+  # Global batch size, summed over all devices and hosts.
+  config.batch_size = 256
+  # Global batch size for evaluation (the last batch is padded and masked).
+  config.eval_batch_size = 1024
+  # Total optimizer steps of the run.
+  config.num_train_steps = 4000
+  # Periods in steps: train metrics, evaluation, checkpoints.
+  config.log_every_steps = 100
+  config.eval_every_steps = 1000
+  config.checkpoint_every_steps = 1000
+  # Checkpoints kept in workdir/checkpoints (the newest ones).
+  config.max_checkpoints_to_keep = 3
+
+  config.mesh = ml_collections.ConfigDict()
+  # Device mesh shape (data x model); -1 means "all remaining devices".
+  config.mesh.data = -1
+  config.mesh.model = 1
+  return config

@@ -1,0 +1,194 @@
+"""Config checks before any work, and the config saved with a run.
+
+Every check raises UsageError with a message that names the key, the value
+and the fix; `train.py` turns it into `error: ...` and exit status 2.
+"""
+
+import json
+import math
+import os
+from collections.abc import Iterable
+
+import ml_collections
+
+from input_pipeline import tables
+from meshfit import optim, sharding
+from meshfit.errors import UsageError
+from models import mlp
+
+# Keys that --mode=eval and --mode=predict may take from the command line:
+# they change how a saved model is evaluated, not what it is.
+EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
+             'dataset.prefetch_batches', 'mesh.data', 'mesh.model')
+
+
+def _require(ok: bool, message: str) -> None:
+  if not ok:
+    raise UsageError(message)
+
+
+def _positive_int(config: ml_collections.ConfigDict, key: str) -> None:
+  value = get(config, key)
+  _require(isinstance(value, int) and value > 0,
+           f'{key}={value!r} must be a positive integer')
+
+
+def get(config: ml_collections.ConfigDict, key: str):
+  """The value of a dotted key such as 'mesh.model'."""
+  for part in key.split('.'):
+    config = config[part]
+  return config
+
+
+def flatten(config: ml_collections.ConfigDict,
+            prefix: str = '') -> dict[str, object]:
+  """{'mesh.model': 1, ...}: every leaf under its dotted key."""
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      out.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
+  """Checks every setting against the others and the devices at hand.
+
+  Args:
+    config: the resolved run config.
+    num_devices: devices in the job, over all hosts.
+
+  Raises:
+    UsageError: the first problem found.
+  """
+  _require(isinstance(config.seed, int), f'seed={config.seed!r} must be an '
+           'integer')
+  _require(config.dataset.name in tables.KNOWN_DATASETS,
+           f'dataset.name {config.dataset.name!r} is unknown; use one of '
+           f'{", ".join(tables.KNOWN_DATASETS)}')
+  _positive_int(config, 'dataset.prefetch_batches')
+
+  hidden = tuple(config.model.hidden_sizes)
+  _require(all(isinstance(h, int) and h > 0 for h in hidden),
+           f'model.hidden_sizes={hidden} must hold positive integers '
+           '(() is a linear model)')
+  _require(config.model.activation in mlp.ACTIVATIONS,
+           f'model.activation {config.model.activation!r} is unknown; use '
+           f'one of {", ".join(sorted(mlp.ACTIVATIONS))}')
+  _require(0.0 <= config.model.dropout_rate < 1.0,
+           f'model.dropout_rate={config.model.dropout_rate} must be in [0, 1)')
+
+  opt = config.optimizer
+  _require(opt.name in optim.OPTIMIZERS, f'optimizer.name {opt.name!r} is '
+           f'unknown; use one of {", ".join(optim.OPTIMIZERS)}')
+  _require(opt.schedule in optim.SCHEDULES, f'optimizer.schedule '
+           f'{opt.schedule!r} is unknown; use one of '
+           f'{", ".join(optim.SCHEDULES)}')
+  _require(math.isfinite(opt.learning_rate) and opt.learning_rate > 0,
+           f'optimizer.learning_rate={opt.learning_rate} must be positive')
+  _require(opt.warmup_steps >= 0,
+           f'optimizer.warmup_steps={opt.warmup_steps} must be >= 0')
+  _require(0.0 <= opt.end_learning_rate_factor <= 1.0,
+           'optimizer.end_learning_rate_factor='
+           f'{opt.end_learning_rate_factor} must be in [0, 1]')
+  _require(opt.weight_decay >= 0,
+           f'optimizer.weight_decay={opt.weight_decay} must be >= 0')
+  _require(0.0 <= opt.momentum < 1.0,
+           f'optimizer.momentum={opt.momentum} must be in [0, 1)')
+  _require(opt.grad_clip_norm >= 0, f'optimizer.grad_clip_norm='
+           f'{opt.grad_clip_norm} must be >= 0 (0 disables clipping)')
+
+  for key in ('batch_size', 'eval_batch_size', 'num_train_steps',
+              'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
+              'max_checkpoints_to_keep'):
+    _positive_int(config, key)
+
+  data, model = sharding.mesh_shape(config.mesh.data, config.mesh.model,
+                                    num_devices)
+  for key in ('batch_size', 'eval_batch_size'):
+    _require(config[key] % data == 0,
+             f"{key} {config[key]} is not divisible by the {data} devices of "
+             f"mesh axis 'data'; use a multiple of {data}")
+  for i, width in enumerate(hidden):
+    if mlp.MLP in mlp.hidden_axes(i)[1:]:
+      _require(width % model == 0,
+               f'model.hidden_sizes[{i}]={width} is not divisible by the '
+               f"{model} devices of mesh axis 'model' (hidden layer {i} is "
+               f'split over it); use a multiple of {model} or a smaller '
+               'mesh.model')
+
+
+def check_workdir(workdir: str) -> None:
+  """The workdir must be a directory (or not exist yet)."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise UsageError(f'workdir {workdir} is a file; give a directory path')
+
+
+def _tuples(value):
+  """JSON has no tuples; the config's sequences are tuples."""
+  if isinstance(value, list):
+    return tuple(_tuples(v) for v in value)
+  if isinstance(value, dict):
+    return {k: _tuples(v) for k, v in value.items()}
+  return value
+
+
+def save_json(config: ml_collections.ConfigDict, path: str) -> None:
+  """Writes the resolved config (atomically)."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.write(config.to_json(indent=2, sort_keys=True) + '\n')
+  os.replace(tmp, path)
+
+
+def load_json(path: str) -> ml_collections.ConfigDict:
+  """Reads a config written by `save_json`."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      return ml_collections.ConfigDict(_tuples(json.load(f)))
+  except FileNotFoundError:
+    raise UsageError(f'{path} does not exist: this workdir holds no run; '
+                     'train one first (python train.py --workdir=...)'
+                     ) from None
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise UsageError(f'{path} is not valid JSON ({e}); restore it or train '
+                     'into a new workdir') from None
+
+
+def merge_eval_overrides(saved: ml_collections.ConfigDict,
+                         given: ml_collections.ConfigDict,
+                         keys: Iterable[str]) -> ml_collections.ConfigDict:
+  """The saved run config with evaluation keys taken from `given`.
+
+  Args:
+    saved: the config the run was trained with.
+    given: the config from the command line.
+    keys: the dotted keys the user set; those that differ from `saved` must
+      be evaluation keys.
+
+  Returns:
+    A copy of `saved` with those keys from `given`.
+
+  Raises:
+    UsageError: a key that changes the model or data would be overridden.
+  """
+  saved_flat, given_flat = flatten(saved), flatten(given)
+  changed = sorted(k for k in keys
+                   if k in given_flat and given_flat[k] != saved_flat.get(k))
+  bad = [k for k in changed if k not in EVAL_KEYS]
+  if bad:
+    details = ', '.join(f'{k} (trained {saved_flat.get(k)!r}, given '
+                        f'{given_flat[k]!r})' for k in bad)
+    raise UsageError(
+        f'evaluation takes the model from the workdir and cannot change '
+        f'{details}; drop those overrides (only {", ".join(EVAL_KEYS)} may '
+        'change) or train a new run')
+  merged = ml_collections.ConfigDict(saved.to_dict())
+  for key in changed:
+    *parents, leaf = key.split('.')
+    node = merged
+    for p in parents:
+      node = node[p]
+    node[leaf] = given_flat[key]
+  return merged

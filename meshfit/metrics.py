@@ -1,0 +1,174 @@
+"""Train and eval metrics (CLU) and the writers they go to.
+
+Train metrics accumulate inside the jitted step, as part of the train state,
+so the host never waits on a step just to log and a resumed run reproduces
+every logged value. Eval metrics are exact sums that the host adds up in
+float64, turned into original units at the end.
+"""
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from clu import metric_writers
+from clu import metrics as clu_metrics
+from flax import struct
+
+from meshfit.normalization import Normalizer
+
+
+@struct.dataclass
+class TrainMetrics(clu_metrics.Collection):
+  """Means over the steps since the last log."""
+  loss: clu_metrics.Average.from_output('loss')
+  grad_norm: clu_metrics.Average.from_output('grad_norm')
+
+
+@struct.dataclass
+class RegressionSums(clu_metrics.Metric):
+  """Sums over the real (unmasked) examples of an eval split.
+
+  Errors are in original units; targets are summed in standardised units
+  (z) so that the total sum of squares has no catastrophic cancellation for
+  targets with a large mean and a small spread.
+  """
+  count: jax.Array
+  sse_T: jax.Array
+  sae_T: jax.Array
+  sum_z_T: jax.Array
+  sum_z2_T: jax.Array
+
+  @classmethod
+  def from_model_output(cls, *, pred_BxT: jax.Array, y_BxT: jax.Array,
+                        mask_B: jax.Array, norm: Normalizer,
+                        **_) -> 'RegressionSums':
+    w_Bx1 = mask_B[:, None].astype(jnp.float32)
+    err_BxT = (pred_BxT - y_BxT) * w_Bx1
+    z_BxT = norm.standardize_y(y_BxT) * w_Bx1
+    return cls(count=w_Bx1.sum(),
+               sse_T=(err_BxT**2).sum(axis=0),
+               sae_T=jnp.abs(err_BxT).sum(axis=0),
+               sum_z_T=z_BxT.sum(axis=0),
+               sum_z2_T=(z_BxT**2).sum(axis=0))
+
+  def merge(self, other: 'RegressionSums') -> 'RegressionSums':
+    return jax.tree.map(lambda a, b: a + b, self, other)
+
+  @classmethod
+  def empty_host(cls, num_targets: int) -> 'RegressionSums':
+    zeros = np.zeros(num_targets, np.float64)
+    return cls(np.float64(0), zeros, zeros, zeros, zeros)
+
+  def compute_per_target(self, y_std_T: np.ndarray) -> dict[str, np.ndarray]:
+    """mse, rmse, mae and r2 for each target (original units)."""
+    n = float(self.count)
+    mse_T = self.sse_T / n
+    sst_T = (self.sum_z2_T - self.sum_z_T**2 / n) * np.float64(y_std_T)**2
+    r2_T = 1.0 - self.sse_T / np.where(sst_T > 0, sst_T, np.nan)
+    return {'mse': mse_T, 'rmse': np.sqrt(mse_T), 'mae': self.sae_T / n,
+            'r2': r2_T}
+
+  def compute(self, y_std_T: np.ndarray | None = None) -> dict[str, float]:
+    """The eval summary: per-target metrics averaged over targets."""
+    if y_std_T is None:
+      y_std_T = np.ones_like(self.sse_T)
+    per_target = self.compute_per_target(y_std_T)
+    return {name: float(np.mean(v)) for name, v in per_target.items()}
+
+
+def host_sum(batch_sums: list[RegressionSums],
+             num_targets: int) -> RegressionSums:
+  """Adds per-batch device sums on the host in float64."""
+  total = RegressionSums.empty_host(num_targets)
+  for sums in jax.device_get(batch_sums):
+    total = jax.tree.map(lambda a, b: a + np.asarray(b, np.float64),
+                         total, sums)
+  return total
+
+
+class JsonlWriter(metric_writers.MetricWriter):
+  """Appends `{"step": N, name: value, ...}` lines at full float precision."""
+
+  def __init__(self, path: str):
+    self._path = path
+    self._file = open(path, 'a', encoding='utf-8')
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]):
+    record = {'step': int(step)}
+    record.update({k: float(v) for k, v in scalars.items()})
+    self._file.write(json.dumps(record) + '\n')
+
+  def write_summaries(self, step, values, metadata=None):
+    pass
+
+  def write_images(self, step, images):
+    pass
+
+  def write_videos(self, step, videos):
+    pass
+
+  def write_audios(self, step, audios, *, sample_rate):
+    pass
+
+  def write_texts(self, step, texts):
+    pass
+
+  def write_histograms(self, step, arrays, num_buckets=None):
+    pass
+
+  def write_hparams(self, hparams):
+    pass
+
+  def flush(self):
+    self._file.flush()
+    os.fsync(self._file.fileno())
+
+  def close(self):
+    if not self._file.closed:
+      self.flush()
+      self._file.close()
+
+
+def truncate_jsonl(path: str, last_step: int) -> None:
+  """Drops records after `last_step`: a resumed run writes them again.
+
+  The file is replaced atomically, so a crash here loses nothing.
+  """
+  if not os.path.exists(path):
+    return
+  with open(path, encoding='utf-8') as f:
+    lines = f.readlines()
+  kept = []
+  for line in lines:
+    try:
+      if json.loads(line)['step'] <= last_step:
+        kept.append(line)
+    except (json.JSONDecodeError, KeyError, TypeError):
+      pass  # a line torn by a crash mid-write
+  if len(kept) == len(lines):
+    return
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    f.writelines(kept)
+  os.replace(tmp, path)
+
+
+def read_jsonl(path: str) -> list[dict[str, float]]:
+  """All records of a metrics.jsonl file."""
+  with open(path, encoding='utf-8') as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def create_writer(workdir: str, is_main: bool) -> metric_writers.MetricWriter:
+  """TensorBoard + console + metrics.jsonl on the main process, console elsewhere."""
+  if not is_main:
+    return metric_writers.create_default_writer(just_logging=True,
+                                                asynchronous=False)
+  return metric_writers.MultiWriter([
+      metric_writers.create_default_writer(workdir, asynchronous=False),
+      JsonlWriter(os.path.join(workdir, 'metrics.jsonl')),
+  ])

@@ -1,0 +1,101 @@
+"""Where the mesh is built and where partition specs come from.
+
+Models name their dimensions with logical axes (`models/mlp.py`); this module
+alone maps them to the two mesh axes:
+
+  batch -> 'data'    examples are split over data-parallel devices
+  mlp   -> 'model'   hidden features are split over model-parallel devices
+  embed, out -> ()   kept whole (replicated)
+"""
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from meshfit.errors import UsageError
+from models import mlp
+
+DATA = 'data'
+MODEL = 'model'
+AXES = (DATA, MODEL)
+
+LOGICAL_RULES: dict[str, str | None] = {
+    'batch': DATA,
+    mlp.MLP: MODEL,
+    mlp.EMBED: None,
+    mlp.OUT: None,
+}
+
+
+def mesh_shape(data: int, model: int, num_devices: int) -> tuple[int, int]:
+  """Resolves a `-1` in the configured (data, model) shape and checks it.
+
+  Args:
+    data: size of the data axis, or -1 for "all remaining devices".
+    model: size of the model axis, or -1.
+    num_devices: devices in the job (all hosts).
+
+  Returns:
+    The (data, model) shape, whose product is `num_devices`.
+
+  Raises:
+    UsageError: the shape cannot tile the devices.
+  """
+  if data == -1 and model == -1:
+    raise UsageError('mesh.data and mesh.model are both -1; set at least one '
+                     'of them to a positive size')
+  for name, size in (('mesh.data', data), ('mesh.model', model)):
+    if size == 0 or size < -1:
+      raise UsageError(f'{name}={size} must be a positive size or -1 '
+                       '("all remaining devices")')
+  known = max(data, 1) * max(model, 1)
+  if num_devices % known:
+    raise UsageError(
+        f'mesh {data} x {model} does not divide the {num_devices} devices; '
+        f'choose mesh.data x mesh.model = {num_devices} (or -1 for one axis)')
+  shape = (num_devices // known if data == -1 else data,
+           num_devices // known if model == -1 else model)
+  if shape[0] * shape[1] != num_devices:
+    raise UsageError(
+        f'mesh {shape[0]} x {shape[1]} = {shape[0] * shape[1]} devices, but '
+        f'there are {num_devices}; make mesh.data x mesh.model = {num_devices}'
+        ' or set one of them to -1')
+  return shape
+
+
+def make_mesh(data: int, model: int,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Builds the (data, model) mesh over `devices` (default: all devices).
+
+  Axes are Auto so that XLA's sharding propagation places the activations
+  and inserts the collectives implied by the parameter specs.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  shape = mesh_shape(data, model, len(devices))
+  axis_types = (jax.sharding.AxisType.Auto,) * 2
+  if devices == jax.devices():
+    return jax.make_mesh(shape, AXES, axis_types=axis_types)
+  return Mesh(np.array(devices).reshape(shape), AXES, axis_types=axis_types)
+
+
+def logical_to_mesh(logical: Sequence[str | None]) -> P:
+  """Maps a tuple of logical axis names to a mesh PartitionSpec."""
+  return P(*(None if name is None else LOGICAL_RULES[name] for name in logical))
+
+
+def param_sharding(logical_specs, mesh: Mesh):
+  """NamedShardings for a pytree of logical PartitionSpecs (from nnx)."""
+  return jax.tree.map(lambda spec: NamedSharding(mesh, logical_to_mesh(spec)),
+                      logical_specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+  """Examples over 'data', features whole: how every batch array is laid out."""
+  return NamedSharding(mesh, P(DATA))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """A global array held whole by every device (steps, RNG, statistics)."""
+  return NamedSharding(mesh, P())

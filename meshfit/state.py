@@ -1,0 +1,123 @@
+"""The train state, created directly in its shardings.
+
+Shapes come from `jax.eval_shape`, partition specs from the parameters'
+logical names (`meshfit/sharding.py`), and the state is materialised by a
+`jit` whose out_shardings put every piece where it lives: nothing is built on
+one device first.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx, struct
+from jax.sharding import Mesh
+
+from meshfit import sharding
+from meshfit.metrics import TrainMetrics
+from meshfit.normalization import Normalizer
+from models.mlp import Mlp, MlpConfig
+
+
+@struct.dataclass
+class TrainState:
+  """Everything that decides the future of a run; saved in every checkpoint.
+
+  Attributes:
+    step: optimizer steps taken (int32 scalar).
+    params: the model's parameters as a nested dict.
+    opt_state: optax state, including the schedule's step count.
+    rng: raw uint32[2] key; step s uses `fold_in(rng, s)`.
+    norm: standardisation statistics of the training split.
+    train_metrics: accumulators since the last train-metrics log.
+  """
+  step: jax.Array
+  params: Any
+  opt_state: optax.OptState
+  rng: jax.Array
+  norm: Normalizer
+  train_metrics: TrainMetrics
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """What it takes to build the model: static, hashable, not saved as arrays."""
+  mlp: MlpConfig
+  num_features: int
+  num_targets: int
+
+  def build(self, seed: int) -> Mlp:
+    # Logical names stay metadata; meshfit/sharding.py places the arrays.
+    with nnx.use_eager_sharding(False):
+      return Mlp(self.mlp, self.num_features, self.num_targets,
+                 rngs=nnx.Rngs(seed))
+
+
+def graphdef(spec: ModelSpec) -> nnx.GraphDef:
+  """The model's static structure, for `nnx.merge(graphdef, params)`."""
+  with nnx.use_eager_sharding(False):
+    abstract = nnx.eval_shape(lambda: spec.build(0))
+  return nnx.split(abstract, nnx.Param)[0]
+
+
+def _init(spec: ModelSpec, tx: optax.GradientTransformation, seed: int,
+          norm: Normalizer) -> TrainState:
+  params = nnx.to_pure_dict(nnx.state(spec.build(seed), nnx.Param))
+  return TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state=tx.init(params),
+      rng=jax.random.key_data(
+          jax.random.fold_in(jax.random.key(seed), 1)).astype(jnp.uint32),
+      norm=norm,
+      train_metrics=TrainMetrics.empty())
+
+
+def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
+                    mesh: Mesh) -> TrainState:
+  """NamedShardings for every leaf of the train state on `mesh`.
+
+  Parameters follow their logical names; optimizer moments that mirror a
+  parameter get the parameter's sharding; everything else is replicated.
+  """
+  with nnx.use_eager_sharding(False):
+    abstract = nnx.eval_shape(lambda: spec.build(0))
+  logical = nnx.to_pure_dict(nnx.get_partition_spec(
+      nnx.state(abstract, nnx.Param)))
+  param_shardings = sharding.param_sharding(logical, mesh)
+  abstract_state = jax.eval_shape(
+      lambda: _init(spec, tx, 0, Normalizer.identity(spec.num_features,
+                                                     spec.num_targets)))
+  replicated = sharding.replicated(mesh)
+  opt_shardings = optax.tree_map_params(
+      tx, lambda _, s: s, abstract_state.opt_state, param_shardings,
+      transform_non_params=lambda _: replicated)
+  return TrainState(
+      step=replicated,
+      params=param_shardings,
+      opt_state=opt_shardings,
+      rng=replicated,
+      norm=jax.tree.map(lambda _: replicated, abstract_state.norm),
+      train_metrics=jax.tree.map(lambda _: replicated,
+                                 abstract_state.train_metrics))
+
+
+def abstract_state(spec: ModelSpec, tx: optax.GradientTransformation,
+                   mesh: Mesh) -> TrainState:
+  """ShapeDtypeStructs carrying the current mesh's shardings (restore target)."""
+  shapes = jax.eval_shape(
+      lambda: _init(spec, tx, 0, Normalizer.identity(spec.num_features,
+                                                     spec.num_targets)))
+  return jax.tree.map(
+      lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+      shapes, state_shardings(spec, tx, mesh))
+
+
+def create_train_state(spec: ModelSpec, tx: optax.GradientTransformation,
+                       mesh: Mesh, seed: int, norm: Normalizer) -> TrainState:
+  """A fresh train state, each leaf created directly in its sharding."""
+  init = jax.jit(lambda n: _init(spec, tx, seed, n),
+                 out_shardings=state_shardings(spec, tx, mesh))
+  return init(jax.tree.map(jnp.asarray, norm))

@@ -1,0 +1,101 @@
+"""Pure train, eval and predict steps over the split train state.
+
+The model is rebuilt from (graphdef, params) inside the traced function, so
+NNX's graph traversal happens once at trace time, never per call: `nnx.jit`
+runs a small MLP's step 7-11x slower than `jax.jit` over the split state.
+"""
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from meshfit import sharding
+from meshfit.metrics import RegressionSums, TrainMetrics
+from meshfit.state import TrainState
+
+Batch = dict[str, jax.Array]
+
+
+def predict(graphdef: nnx.GraphDef, state: TrainState,
+            x_BxF: jax.Array) -> jax.Array:
+  """Predictions in the targets' original units."""
+  model = nnx.merge(graphdef, state.params)
+  return state.norm.unstandardize_y(model(state.norm.standardize_x(x_BxF)))
+
+
+def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
+               tx: optax.GradientTransformation,
+               log_every_steps: int) -> tuple[TrainState, jax.Array]:
+  """One optimizer step on the mean squared error in standardised units.
+
+  Train metrics accumulate in the state; they restart with the first step of
+  each logging window (steps after a multiple of `log_every_steps`).
+
+  Returns:
+    The new state and this step's loss (a replicated scalar that the loop
+    uses to bound the steps in flight and to catch a non-finite loss).
+  """
+  x_BxF = state.norm.standardize_x(batch['x'])
+  z_BxT = state.norm.standardize_y(batch['y'])
+  dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng),
+                                   state.step)
+
+  def loss_fn(params):
+    model = nnx.merge(graphdef, params)
+    pred_BxT = model(x_BxF, dropout_key=dropout_key)
+    return jnp.mean((pred_BxT - z_BxT)**2)
+
+  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  updates, opt_state = tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+
+  step_metrics = TrainMetrics.single_from_model_output(
+      loss=loss, grad_norm=optax.global_norm(grads))
+  empty = TrainMetrics.empty()
+  new_window = state.step % log_every_steps == 0
+  previous = jax.tree.map(lambda e, m: jnp.where(new_window, e, m),
+                          empty, state.train_metrics)
+  train_metrics = jax.tree.map(lambda m, e: m.astype(e.dtype),
+                               previous.merge(step_metrics), empty)
+  return state.replace(step=state.step + 1, params=params,
+                       opt_state=opt_state, train_metrics=train_metrics), loss
+
+
+def eval_step(state: TrainState, batch: Batch, *,
+              graphdef: nnx.GraphDef) -> RegressionSums:
+  """Sums of errors over the batch's real examples (original units)."""
+  pred_BxT = predict(graphdef, state, batch['x'])
+  return RegressionSums.from_model_output(
+      pred_BxT=pred_BxT, y_BxT=batch['y'], mask_B=batch['mask'],
+      norm=state.norm)
+
+
+def jit_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                   state_shardings: TrainState, mesh: Mesh,
+                   log_every_steps: int
+                   ) -> Callable[[TrainState, Batch],
+                                 tuple[TrainState, jax.Array]]:
+  """`train_step` jitted once: state donated, shardings pinned both ways."""
+  batch = sharding.batch_sharding(mesh)
+  return jax.jit(
+      functools.partial(train_step, graphdef=graphdef, tx=tx,
+                        log_every_steps=log_every_steps),
+      in_shardings=(state_shardings, {'x': batch, 'y': batch}),
+      out_shardings=(state_shardings, sharding.replicated(mesh)),
+      donate_argnums=0)
+
+
+def jit_eval_step(graphdef: nnx.GraphDef, state_shardings: TrainState,
+                  mesh: Mesh) -> Callable[[TrainState, Batch], RegressionSums]:
+  """`eval_step` jitted once; its sums come back replicated."""
+  batch = sharding.batch_sharding(mesh)
+  return jax.jit(
+      functools.partial(eval_step, graphdef=graphdef),
+      in_shardings=(state_shardings,
+                    {'x': batch, 'y': batch, 'mask': batch}),
+      out_shardings=sharding.replicated(mesh))

@@ -1,0 +1,226 @@
+"""The training loop, evaluation and their shared set-up.
+
+Data travels one way: config -> mesh -> data -> state -> step ->
+metrics/checkpoints.
+"""
+
+import collections
+import dataclasses
+import json
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from clu import periodic_actions
+from flax import nnx
+from jax.sharding import Mesh
+
+import input_pipeline
+from input_pipeline import loader
+from input_pipeline.tables import Table
+from meshfit import (checkpointing, config_lib, metrics, optim, sharding,
+                     state as state_lib, steps)
+from meshfit.normalization import Normalizer
+from models.mlp import MlpConfig
+
+# Dispatched but unfinished steps. XLA:CPU deadlocks in its collectives when
+# many multi-device steps are queued at once; two keep the device busy while
+# the host prepares the next step, and let every loss be checked as it lands.
+MAX_STEPS_IN_FLIGHT = 2
+
+
+class NonFiniteLossError(RuntimeError):
+  """Training produced a NaN or infinite loss."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """What training, evaluation and prediction share, built from a config."""
+  mesh: Mesh
+  spec: state_lib.ModelSpec
+  graphdef: nnx.GraphDef
+  tx: optax.GradientTransformation
+  shardings: state_lib.TrainState
+
+
+def make_setup(config: ml_collections.ConfigDict, num_features: int,
+               num_targets: int, mesh: Mesh | None = None) -> Setup:
+  """Mesh, model structure, optimizer and state shardings for `config`."""
+  if mesh is None:
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+  spec = state_lib.ModelSpec(MlpConfig(**config.model), num_features,
+                             num_targets)
+  tx = optim.make_optimizer(config, config.num_train_steps)
+  return Setup(mesh, spec, state_lib.graphdef(spec), tx,
+               state_lib.state_shardings(spec, tx, mesh))
+
+
+def evaluate_table(setup: Setup, state: state_lib.TrainState, table: Table,
+                   batch_size: int, eval_step=None) -> dict[str, float]:
+  """mse, rmse, mae, r2 (original units) over every example of `table`."""
+  if eval_step is None:
+    eval_step = steps.jit_eval_step(setup.graphdef, setup.shardings,
+                                    setup.mesh)
+  batch_sums = [eval_step(state, batch) for batch in loader.eval_batches(
+      table.x_NxF, table.y_NxT, batch_size=batch_size,
+      sharding=sharding.batch_sharding(setup.mesh))]
+  total = metrics.host_sum(batch_sums, table.y_NxT.shape[1])
+  result = total.compute(np.asarray(jax.device_get(state.norm.y_std_T)))
+  result['num_examples'] = int(total.count)
+  return result
+
+
+class _LossWatch:
+  """Bounds the steps in flight and stops at the first non-finite loss."""
+
+  def __init__(self):
+    self._pending = collections.deque()
+
+  def add(self, step: int, loss: jax.Array) -> None:
+    self._pending.append((step, loss))
+    while len(self._pending) > MAX_STEPS_IN_FLIGHT:
+      self._check(*self._pending.popleft())
+
+  def drain(self) -> None:
+    while self._pending:
+      self._check(*self._pending.popleft())
+
+  @staticmethod
+  def _check(step: int, loss: jax.Array) -> None:
+    value = float(loss)
+    if not np.isfinite(value):
+      raise NonFiniteLossError(f'loss is {value} at step {step}')
+
+
+def _restore_or_init(config, setup, ckpt, train_table):
+  """The newest checkpoint's state and data position, or a fresh start."""
+  latest = ckpt.latest_step()
+  if latest is None:
+    norm = Normalizer.fit(train_table.x_NxF, train_table.y_NxT,
+                          config.dataset.standardize)
+    state = state_lib.create_train_state(setup.spec, setup.tx, setup.mesh,
+                                         config.seed, norm)
+    return state, 0
+  logging.info('Resuming from the checkpoint of step %d.', latest)
+  target = state_lib.abstract_state(setup.spec, setup.tx, setup.mesh)
+  state, data = ckpt.restore(latest, target)
+  return state, int(data['position'])
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict,
+                       workdir: str) -> dict[str, float]:
+  """Trains `config` in `workdir` (resuming if it holds a run), then evaluates.
+
+  Args:
+    config: the run config (validated here).
+    workdir: where config.json, checkpoints and metrics go.
+
+  Returns:
+    The final evaluation metrics.
+  """
+  config_lib.check_workdir(workdir)
+  config_lib.validate(config, jax.device_count())
+  splits = input_pipeline.load_splits(config.dataset)
+  setup = make_setup(config, splits.train.x_NxF.shape[1],
+                     splits.train.y_NxT.shape[1])
+  is_main = jax.process_index() == 0
+  os.makedirs(workdir, exist_ok=True)
+  ckpt = checkpointing.Checkpointer(
+      workdir, max_to_keep=config.max_checkpoints_to_keep)
+  state, position = _restore_or_init(config, setup, ckpt, splits.train)
+  initial_step = int(jax.device_get(state.step))
+  if is_main:
+    config_lib.save_json(config, os.path.join(workdir, 'config.json'))
+    metrics.truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'),
+                           initial_step)
+  writer = metrics.create_writer(workdir, is_main)
+  train_step = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
+                                    setup.mesh, config.log_every_steps)
+  eval_step = steps.jit_eval_step(setup.graphdef, setup.shardings, setup.mesh)
+  schedule = optim.learning_rate_schedule(config, config.num_train_steps)
+  batches = loader.TrainLoader(
+      splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
+      seed=config.seed, sharding=sharding.batch_sharding(setup.mesh),
+      position=position, prefetch=config.dataset.prefetch_batches)
+  progress = periodic_actions.ReportProgress(
+      num_train_steps=config.num_train_steps, writer=writer,
+      every_steps=config.log_every_steps, every_secs=None)
+  watch = _LossWatch()
+  logging.info('Training steps %d..%d on a %s mesh.', initial_step,
+               config.num_train_steps, dict(setup.mesh.shape))
+  try:
+    for step in range(initial_step + 1, config.num_train_steps + 1):
+      with jax.profiler.StepTraceAnnotation('train', step_num=step):
+        state, loss = train_step(state, next(batches))
+      watch.add(step, loss)
+      progress(step)
+      last = step == config.num_train_steps
+      if step % config.log_every_steps == 0 or last:
+        watch.drain()
+        summary = jax.device_get(state.train_metrics).compute()
+        writer.write_scalars(step, {
+            'train/loss': summary['loss'],
+            'train/grad_norm': summary['grad_norm'],
+            'train/learning_rate': schedule(step - 1)})
+      if step % config.eval_every_steps == 0 and not last:
+        with progress.timed('eval'):
+          _write_eval(writer, step, evaluate_table(
+              setup, state, splits.eval, config.eval_batch_size, eval_step))
+      if step % config.checkpoint_every_steps == 0 or last:
+        watch.drain()
+        ckpt.save(step, state, {'position': batches.position})
+    watch.drain()
+    final = evaluate_table(setup, state, splits.eval,
+                           config.eval_batch_size, eval_step)
+    _write_eval(writer, int(jax.device_get(state.step)), final)
+  finally:
+    batches.close()
+    ckpt.wait()
+    ckpt.close()
+    writer.close()
+  return final
+
+
+def _write_eval(writer, step: int, result: dict[str, float]) -> None:
+  writer.write_scalars(step, {f'eval/{k}': result[k]
+                              for k in ('mse', 'rmse', 'mae', 'r2')})
+  writer.flush()
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir: str,
+             step: int | None = None) -> dict[str, float | int | str]:
+  """Evaluates a saved checkpoint on the eval split; writes eval/step_N.json.
+
+  Args:
+    config: the run's saved config (evaluation keys may be overridden).
+    workdir: the run's workdir.
+    step: the checkpoint to evaluate; None takes the newest.
+
+  Returns:
+    {"step", "split", "num_examples", "mse", "rmse", "mae", "r2"}.
+  """
+  config_lib.validate(config, jax.device_count())
+  ckpt = checkpointing.Checkpointer(workdir, read_only=True)
+  try:
+    step = ckpt.step_to_restore(step)
+    table = input_pipeline.load_eval_split(config.dataset)
+    setup = make_setup(config, table.x_NxF.shape[1], table.y_NxT.shape[1])
+    state, _ = ckpt.restore(
+        step, state_lib.abstract_state(setup.spec, setup.tx, setup.mesh))
+  finally:
+    ckpt.close()
+  scores = evaluate_table(setup, state, table, config.eval_batch_size)
+  result = {'step': step, 'split': config.dataset.eval_split,
+            'num_examples': scores['num_examples'],
+            **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')}}
+  if jax.process_index() == 0:
+    os.makedirs(os.path.join(workdir, 'eval'), exist_ok=True)
+    path = os.path.join(workdir, 'eval', f'step_{step}.json')
+    with open(path + '.tmp', 'w', encoding='utf-8') as f:
+      json.dump(result, f, indent=2)
+      f.write('\n')
+    os.replace(path + '.tmp', path)
+  return result

@@ -1,0 +1,80 @@
+"""meshfit: train, evaluate and use MLP regressors on a JAX device mesh.
+
+This file is intentionally kept short: flags -> config -> one call into
+`meshfit.train_lib`. See README.md for usage and ../INTERFACE for the contract.
+"""
+
+import json
+import os
+import sys
+
+# Before TensorFlow / TFDS are imported: keep everything local and quiet.
+os.environ.setdefault('NO_GCE_CHECK', 'true')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file(
+    'config', 'configs/default.py', 'Training configuration file.',
+    lock_config=True)
+flags.DEFINE_string('workdir', 'runs/default', 'Run directory: config.json, '
+                    'checkpoints/, metrics.jsonl, TensorBoard events, eval/.')
+flags.DEFINE_enum('mode', 'train', ['train', 'eval'],
+                  'train (resumes if the workdir holds a run) or eval.')
+flags.DEFINE_integer('step', None, 'Checkpoint step for --mode=eval '
+                     '(default: the newest).')
+
+USAGE_EXIT = 2
+
+
+def _fail(message: str) -> None:
+  """One `error:` line on stderr and exit status 2: bad input, no traceback."""
+  sys.stderr.write(f'error: {message}\n')
+  sys.exit(USAGE_EXIT)
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's parser, with bad flags reported as usage errors (exit 2)."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    _fail(f'{e} (see python train.py --helpfull)')
+
+
+def _overridden_keys() -> list[str]:
+  """Config keys set on the command line with --config.KEY=VALUE."""
+  return [name[len('config.'):] for name in FLAGS
+          if name.startswith('config.') and FLAGS[name].present]
+
+
+def main(argv: list[str]) -> None:
+  if len(argv) > 1:
+    _fail(f'unexpected arguments {argv[1:]}; every option is a --flag')
+  import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
+
+  from meshfit import config_lib, train_lib  # noqa: PLC0415
+  from meshfit.errors import UsageError  # noqa: PLC0415
+
+  logging.info('JAX process %d/%d, local devices: %s', jax.process_index(),
+               jax.process_count(), jax.local_devices())
+  try:
+    if FLAGS.mode == 'train':
+      if FLAGS.step is not None:
+        raise UsageError('--step is for --mode=eval; training always resumes '
+                         'from the newest checkpoint')
+      train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    else:
+      saved = config_lib.load_json(os.path.join(FLAGS.workdir, 'config.json'))
+      keys = (config_lib.flatten(FLAGS.config) if FLAGS['config'].present
+              else _overridden_keys())
+      config = config_lib.merge_eval_overrides(saved, FLAGS.config, keys)
+      result = train_lib.evaluate(config, FLAGS.workdir, FLAGS.step)
+      print(json.dumps(result, indent=2))
+  except UsageError as e:
+    _fail(str(e))
+
+
+if __name__ == '__main__':
+  app.run(main, flags_parser=_parse_flags)
