@@ -108,7 +108,7 @@ def _float_vector_feature(
   feature = features[key] if key in features else None
   if (
       not isinstance(feature, tfds.features.Tensor)
-      or feature.dtype != np.float32
+      or feature.np_dtype != np.float32
       or len(feature.shape) != 1
   ):
     raise UsageError(
