@@ -1,7 +1,8 @@
 """meshfit: train, evaluate and use MLP regressors on a JAX device mesh.
 
 This file is intentionally kept short: flags -> config -> one call into
-`meshfit.train_lib`. See README.md for usage and ../INTERFACE for the contract.
+`meshfit.train_lib`. README.md has the usage; bad input exits with status 2
+and one `error: ...` line.
 """
 
 import json
@@ -16,9 +17,40 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file(
-    'config', 'configs/default.py', 'Training configuration file.',
-    lock_config=True)
+USAGE_EXIT = 2
+
+
+def _fail(message: str) -> None:
+  """One `error:` line on stderr and exit status 2: bad input, no traceback."""
+  sys.stderr.write(f'error: {message}\n')
+  sys.stderr.flush()
+  sys.exit(USAGE_EXIT)
+
+
+def _config_error(e: Exception, argv: list[str]) -> str:
+  """Says what went wrong loading the config file or its overrides."""
+  if isinstance(e, (AttributeError, KeyError)):
+    key = str(e).strip('"\'').split("'")[0]
+    override = next((a for a in argv[1:]
+                     if a.startswith('--config.') and key in a), None)
+    if override:
+      return (f'unknown config key {key!r} in {override}; configs/default.py '
+              'declares every key')
+  first_line = str(e).strip().splitlines()[0] if str(e).strip() else ''
+  config_file = next((a.split('=', 1)[1] for a in argv[1:]
+                      if a.startswith('--config=')), 'configs/default.py')
+  return (f'cannot load config file {config_file}: {type(e).__name__}: '
+          f'{first_line}; check the path and that it defines get_config()')
+
+
+# ml_collections loads the default config file, with the command line's
+# overrides, as soon as the flag is defined.
+try:
+  config_flags.DEFINE_config_file(
+      'config', 'configs/default.py', 'Training configuration file.',
+      lock_config=True)
+except Exception as e:  # noqa: BLE001 (user input: reported, not a crash)
+  _fail(_config_error(e, sys.argv))
 flags.DEFINE_string('workdir', 'runs/default', 'Run directory: config.json, '
                     'checkpoints/, metrics.jsonl, TensorBoard events, eval/.')
 flags.DEFINE_enum('mode', 'train', ['train', 'eval'],
@@ -28,21 +60,17 @@ flags.DEFINE_integer('step', None, 'Checkpoint step for --mode=eval '
 flags.DEFINE_bool('library_logs', False, "Show Orbax's INFO logs (its "
                   'warnings and errors always show).')
 
-USAGE_EXIT = 2
-
-
-def _fail(message: str) -> None:
-  """One `error:` line on stderr and exit status 2: bad input, no traceback."""
-  sys.stderr.write(f'error: {message}\n')
-  sys.exit(USAGE_EXIT)
-
 
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl's parser, with bad flags reported as usage errors (exit 2)."""
+  """absl's parser, with bad flags and configs reported as usage errors."""
   try:
-    return FLAGS(argv)
+    remaining = FLAGS(argv)
+    FLAGS.config.keys()  # the file is loaded lazily: surface its errors now
+    return remaining
   except flags.Error as e:
     _fail(f'{e} (see python train.py --helpfull)')
+  except Exception as e:  # noqa: BLE001 (user input: reported, not a crash)
+    _fail(_config_error(e, argv))
 
 
 def _overridden_keys() -> list[str]:
@@ -82,6 +110,8 @@ def main(argv: list[str]) -> None:
       keys = (config_lib.flatten(FLAGS.config) if FLAGS['config'].present
               else _overridden_keys())
       config = config_lib.merge_eval_overrides(saved, FLAGS.config, keys)
+      if not any(k.startswith('mesh.') for k in _overridden_keys()):
+        config = config_lib.fit_saved_mesh(config, jax.device_count())
       result = train_lib.evaluate(config, FLAGS.workdir, FLAGS.step)
       print(json.dumps(result, indent=2))
   except UsageError as e:

@@ -192,3 +192,20 @@ def merge_eval_overrides(saved: ml_collections.ConfigDict,
       node = node[p]
     node[leaf] = given_flat[key]
   return merged
+
+
+def fit_saved_mesh(config: ml_collections.ConfigDict,
+                   num_devices: int) -> ml_collections.ConfigDict:
+  """The saved mesh if it tiles these devices, else all devices on 'data'.
+
+  A model trained on a pod is often evaluated on a smaller machine: the
+  training mesh says nothing about how to evaluate, so an unfit one is
+  replaced rather than refused.
+  """
+  try:
+    sharding.mesh_shape(config.mesh.data, config.mesh.model, num_devices)
+    return config
+  except UsageError:
+    fitted = ml_collections.ConfigDict(config.to_dict())
+    fitted.mesh.data, fitted.mesh.model = -1, 1
+    return fitted

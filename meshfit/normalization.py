@@ -5,7 +5,6 @@ turned back into the targets' original units with these same statistics.
 """
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
@@ -53,14 +52,10 @@ class Normalizer:
                np.ones(num_targets, np.float32))
 
   def standardize_x(self, x_BxF: jax.Array) -> jax.Array:
-    return (x_BxF - self.x_mean_F) / self.x_std_F
+    return (x_BxF - self.x_mean_F[None]) / self.x_std_F[None]
 
   def standardize_y(self, y_BxT: jax.Array) -> jax.Array:
-    return (y_BxT - self.y_mean_T) / self.y_std_T
+    return (y_BxT - self.y_mean_T[None]) / self.y_std_T[None]
 
   def unstandardize_y(self, z_BxT: jax.Array) -> jax.Array:
-    return z_BxT * self.y_std_T + self.y_mean_T
-
-
-def num_features(norm: Normalizer) -> int:
-  return int(jnp.shape(norm.x_mean_F)[0])
+    return z_BxT * self.y_std_T[None] + self.y_mean_T[None]

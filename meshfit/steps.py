@@ -55,7 +55,7 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
   params = optax.apply_updates(state.params, updates)
 
   step_metrics = TrainMetrics.single_from_model_output(
-      loss=loss, grad_norm=optax.global_norm(grads))
+      loss=loss, grad_norm=optax.tree.norm(grads))
   empty = TrainMetrics.empty()
   new_window = state.step % log_every_steps == 0
   previous = jax.tree.map(lambda e, m: jnp.where(new_window, e, m),

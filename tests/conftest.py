@@ -1,0 +1,41 @@
+"""Test set-up: 8 virtual CPU devices, local TFDS data, shared fixtures."""
+
+import os
+
+# Before jax is imported anywhere: eight virtual CPU devices, no GCS probes.
+os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+os.environ.setdefault('NO_GCE_CHECK', 'true')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+# A (B,) minus a (B, 1) silently gives (B, B); make it an error instead.
+jax.config.update('jax_numpy_rank_promotion', 'raise')
+
+
+@pytest.fixture(scope='session')
+def data_dir(tmp_path_factory) -> str:
+  """One TFDS data dir for the whole session, with both synthetic configs."""
+  from input_pipeline import tables  # noqa: PLC0415
+  path = str(tmp_path_factory.mktemp('tfds'))
+  for name in tables.KNOWN_DATASETS:
+    tables.prepare(name, path)
+  return path
+
+
+@pytest.fixture
+def small_config(data_dir):
+  """The default config shrunk to run in seconds."""
+  from configs import default  # noqa: PLC0415
+  config = default.get_config()
+  config.dataset.data_dir = data_dir
+  config.model.hidden_sizes = (32, 32)
+  config.batch_size = 64
+  config.eval_batch_size = 256
+  config.num_train_steps = 60
+  config.log_every_steps = 10
+  config.eval_every_steps = 30
+  config.checkpoint_every_steps = 20
+  config.optimizer.warmup_steps = 10
+  return config

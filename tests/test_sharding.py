@@ -1,0 +1,105 @@
+"""Mesh construction, partition specs of params and batches, collectives."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from configs import default
+from meshfit import optim, sharding, state as state_lib
+from meshfit.errors import UsageError
+from meshfit.normalization import Normalizer
+from models.mlp import MlpConfig
+
+
+@pytest.mark.parametrize('data, model, expected', [
+    (-1, 1, (8, 1)), (-1, 2, (4, 2)), (2, -1, (2, 4)), (1, 8, (1, 8)),
+    (8, 1, (8, 1))])
+def test_mesh_shape_resolves_minus_one(data, model, expected):
+  assert sharding.mesh_shape(data, model, 8) == expected
+
+
+@pytest.mark.parametrize('data, model, message', [
+    (-1, -1, 'both -1'), (3, 1, 'does not divide the 8 devices'),
+    (2, 2, '4 devices, but there are 8'), (0, 1, 'mesh.data=0'),
+    (1, -3, 'mesh.model=-3')])
+def test_bad_mesh_shapes_are_usage_errors(data, model, message):
+  with pytest.raises(UsageError, match=message):
+    sharding.mesh_shape(data, model, 8)
+
+
+def _shardings(hidden, mesh):
+  config = default.get_config()
+  spec = state_lib.ModelSpec(MlpConfig(hidden_sizes=hidden), 10, 1)
+  tx = optim.make_optimizer(config, 100)
+  return spec, tx, state_lib.state_shardings(spec, tx, mesh)
+
+
+def test_param_specs_alternate_column_and_row_split():
+  mesh = sharding.make_mesh(4, 2)
+  _, _, shardings = _shardings((64, 64, 64), mesh)
+  specs = jax.tree.map(lambda s: s.spec, shardings.params)
+  assert specs['hidden'][0] == {'kernel': P(None, 'model'), 'bias': P('model')}
+  assert specs['hidden'][1] == {'kernel': P('model', None), 'bias': P(None)}
+  assert specs['hidden'][2] == {'kernel': P(None, 'model'), 'bias': P('model')}
+  # The head consumes a split layer, so it is row-split.
+  assert specs['head'] == {'kernel': P('model', None), 'bias': P(None)}
+
+
+def test_linear_model_and_even_depth_heads_are_replicated():
+  mesh = sharding.make_mesh(4, 2)
+  _, _, linear = _shardings((), mesh)
+  assert linear.params['head']['kernel'].spec == P(None, None)
+  _, _, two = _shardings((64, 64), mesh)
+  assert two.params['head']['kernel'].spec == P(None, None)
+
+
+def test_optimizer_moments_follow_their_params():
+  mesh = sharding.make_mesh(4, 2)
+  _, _, shardings = _shardings((64, 64), mesh)
+  adam = shardings.opt_state[0]
+  assert adam.mu['hidden'][0]['kernel'].spec == P(None, 'model')
+  assert adam.nu['hidden'][1]['kernel'].spec == P('model', None)
+  assert adam.count.spec == P()
+  assert shardings.step.spec == P() and shardings.rng.spec == P()
+
+
+def test_state_is_created_in_its_shardings():
+  mesh = sharding.make_mesh(4, 2)
+  spec, tx, shardings = _shardings((64, 64), mesh)
+  state = state_lib.create_train_state(spec, tx, mesh, 0,
+                                       Normalizer.identity(10, 1))
+  actual = jax.tree.map(lambda a: a.sharding.spec, state)
+  expected = jax.tree.map(lambda s: s.spec, shardings)
+  assert actual == expected
+  kernel = state.params['hidden'][0]['kernel']
+  # Each device holds a (10, 32) column block, not the whole (10, 64) kernel.
+  assert {s.data.shape for s in kernel.addressable_shards} == {(10, 32)}
+
+
+def test_batches_are_split_over_data_and_replicated_over_model():
+  mesh = sharding.make_mesh(4, 2)
+  s = sharding.batch_sharding(mesh)
+  assert s.spec == P('data')
+  x = jax.device_put(np.arange(16, dtype=np.float32).reshape(8, 2), s)
+  assert {sh.data.shape for sh in x.addressable_shards} == {(2, 2)}
+
+
+def test_a_two_layer_block_needs_one_all_reduce():
+  """Column- then row-split layers: one all-reduce in the forward pass."""
+  mesh = sharding.make_mesh(4, 2)
+  spec, tx, shardings = _shardings((64, 64), mesh)
+  state = state_lib.create_train_state(spec, tx, mesh, 0,
+                                       Normalizer.identity(10, 1))
+  graphdef = state_lib.graphdef(spec)
+  from flax import nnx  # noqa: PLC0415
+
+  def forward(params, x):
+    return nnx.merge(graphdef, params)(x)
+
+  x = jax.device_put(jnp.ones((32, 10)), sharding.batch_sharding(mesh))
+  hlo = jax.jit(forward).lower(state.params, x).compile().as_text()
+  assert len(re.findall(r'= [^=]*all-reduce(?:-start)?\(', hlo)) == 1, hlo

@@ -1,0 +1,198 @@
+"""End-to-end training in-process: learning, resuming, metrics, evaluation."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.util import tensor_util
+
+from meshfit import config_lib, metrics, train_lib
+from meshfit.errors import UsageError
+
+
+def _losses(workdir):
+  return {r['step']: r['train/loss']
+          for r in metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+          if 'train/loss' in r}
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory, data_dir):
+  """A 4 x 2 mesh run of 200 steps, shared by the tests that only read it."""
+  from configs import default  # noqa: PLC0415
+  config = default.get_config()
+  config.dataset.data_dir = data_dir
+  config.model.hidden_sizes = (64, 64)
+  config.num_train_steps = 200
+  config.log_every_steps = 20
+  config.eval_every_steps = 100
+  config.checkpoint_every_steps = 100
+  config.optimizer.warmup_steps = 20
+  config.optimizer.learning_rate = 1e-2
+  config.mesh.model = 2
+  workdir = str(tmp_path_factory.mktemp('run'))
+  final = train_lib.train_and_evaluate(config, workdir)
+  return config, workdir, final
+
+
+def test_loss_falls_on_friedman1(trained):
+  _, workdir, final = trained
+  losses = _losses(workdir)
+  # Standardised units: predicting the mean scores 1.0.
+  assert losses[20] > 2 * losses[200]
+  assert losses[200] < 0.2
+  # Target std is ~4.9 and the noise floor 1.0; a mean predictor scores ~4.9.
+  assert final['rmse'] < 2.5 and final['r2'] > 0.75
+
+
+def test_workdir_layout(trained):
+  config, workdir, _ = trained
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [
+      '100', '200']
+  saved = config_lib.load_json(os.path.join(workdir, 'config.json'))
+  assert saved == config
+
+
+def test_metrics_jsonl_has_every_scalar(trained):
+  _, workdir, final = trained
+  records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  train_steps = [r['step'] for r in records if 'train/loss' in r]
+  assert train_steps == list(range(20, 201, 20))
+  evals = [r for r in records if 'eval/rmse' in r]
+  assert [r['step'] for r in evals] == [100, 200]
+  assert evals[-1]['eval/rmse'] == final['rmse']  # full precision
+  assert set(evals[-1]) == {'step', 'eval/mse', 'eval/rmse', 'eval/mae',
+                            'eval/r2'}
+
+
+def test_tensorboard_reader_finds_the_same_values(trained):
+  _, workdir, _ = trained
+  acc = event_accumulator.EventAccumulator(
+      workdir, size_guidance={event_accumulator.TENSORS: 0})
+  acc.Reload()
+
+  def series(tag):
+    return {e.step: float(np.asarray(
+        tensor_util.make_ndarray(e.tensor_proto)))
+            for e in acc.Tensors(tag)}
+
+  records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  for tag in ('train/loss', 'eval/rmse'):
+    expected = {r['step']: r[tag] for r in records if tag in r}
+    got = series(tag)
+    assert got.keys() == expected.keys()
+    for step, value in expected.items():
+      assert got[step] == pytest.approx(value, rel=1e-6)
+
+
+def test_evaluate_writes_json_and_matches_on_other_meshes(trained):
+  config, workdir, final = trained
+  result = train_lib.evaluate(config, workdir)
+  assert result['step'] == 200 and result['num_examples'] == 10_000
+  with open(os.path.join(workdir, 'eval', 'step_200.json')) as f:
+    assert json.load(f) == result
+  assert result['rmse'] == pytest.approx(final['rmse'], rel=1e-6)
+  for data, model in ((2, 4), (8, 1)):
+    other = config_lib.merge_eval_overrides(
+        config, _with_mesh(config, data, model), ['mesh.data', 'mesh.model'])
+    assert train_lib.evaluate(other, workdir)['rmse'] == pytest.approx(
+        final['rmse'], rel=1e-6)
+
+
+def _with_mesh(config, data, model):
+  other = config.copy_and_resolve_references()
+  other.mesh.data, other.mesh.model = data, model
+  return other
+
+
+def test_evaluate_an_older_step_and_a_missing_one(trained):
+  config, workdir, _ = trained
+  assert train_lib.evaluate(config, workdir, step=100)['step'] == 100
+  with pytest.raises(UsageError, match='available steps: 100, 200'):
+    train_lib.evaluate(config, workdir, step=150)
+
+
+def test_stopped_run_resumes_where_it_stopped(small_config, tmp_path):
+  # A constant schedule does not depend on num_train_steps, so a shorter
+  # first run is the longer run stopped early.
+  small_config.optimizer.schedule = 'constant'
+  small_config.checkpoint_every_steps = 15
+  whole = str(tmp_path / 'whole')
+  train_lib.train_and_evaluate(small_config, whole)
+
+  parts = str(tmp_path / 'parts')
+  first = small_config.copy_and_resolve_references()
+  first.num_train_steps = 40
+  train_lib.train_and_evaluate(first, parts)
+  assert sorted(os.listdir(os.path.join(parts, 'checkpoints'))) == [
+      '15', '30', '40']
+  # As if killed after step 40 before saving anything after step 15: the
+  # resume starts mid logging window and redoes steps 16..40.
+  for step in ('30', '40'):
+    shutil.rmtree(os.path.join(parts, 'checkpoints', step))
+  final = train_lib.train_and_evaluate(small_config, parts)
+
+  assert _losses(parts) == _losses(whole)  # exactly, every logged step
+  assert sorted(_losses(parts)) == list(range(10, 61, 10))
+  records = metrics.read_jsonl(os.path.join(parts, 'metrics.jsonl'))
+  assert [r['step'] for r in records if 'eval/rmse' in r] == [30, 60]
+  assert records[-1]['eval/rmse'] == final['rmse']
+
+
+def test_finished_run_does_no_more_steps(small_config, tmp_path):
+  workdir = str(tmp_path)
+  train_lib.train_and_evaluate(small_config, workdir)
+  before = _losses(workdir)
+  again = train_lib.train_and_evaluate(small_config, workdir)
+  assert _losses(workdir) == before
+  assert again['num_examples'] == 10_000
+
+
+@pytest.mark.parametrize('key, value, message', [
+    ('batch_size', 12, "batch_size 12 is not divisible by the 8 devices of "
+     "mesh axis 'data'"),
+    ('eval_batch_size', 100, 'eval_batch_size 100 is not divisible'),
+    ('batch_size', 0, 'batch_size=0 must be a positive integer'),
+    ('num_train_steps', -5, 'num_train_steps=-5 must be a positive'),
+    ('log_every_steps', 0, 'log_every_steps=0'),
+    ('max_checkpoints_to_keep', 0, 'max_checkpoints_to_keep=0'),
+    ('model.hidden_sizes', (32, 0), r'model.hidden_sizes=\(32, 0\)'),
+    ('model.activation', 'swish7', "model.activation 'swish7' is unknown"),
+    ('model.dropout_rate', 1.0, 'model.dropout_rate=1.0'),
+    ('optimizer.name', 'lion', "optimizer.name 'lion' is unknown"),
+    ('optimizer.learning_rate', -0.1, 'learning_rate=-0.1 must be positive'),
+    ('optimizer.learning_rate', 0.0, 'learning_rate=0.0 must be positive'),
+    ('optimizer.schedule', 'step', "optimizer.schedule 'step' is unknown"),
+    ('optimizer.warmup_steps', -1, 'warmup_steps=-1'),
+    ('dataset.name', 'mnist', "dataset.name 'mnist' is unknown"),
+    ('mesh.data', 3, 'mesh 3 x 1 does not divide the 8 devices'),
+    ('mesh.model', 16, 'does not divide the 8 devices'),
+])
+def test_each_bad_setting_is_a_usage_error(small_config, key, value, message,
+                                           tmp_path):
+  *parents, leaf = key.split('.')
+  node = small_config
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+  with pytest.raises(UsageError, match=message):
+    train_lib.train_and_evaluate(small_config, str(tmp_path / 'w'))
+  assert not os.path.exists(tmp_path / 'w')  # nothing written
+
+
+def test_hidden_width_must_split_over_model_axis(small_config, tmp_path):
+  small_config.mesh.model = 4
+  small_config.model.hidden_sizes = (30, 30)
+  with pytest.raises(UsageError, match=r"model.hidden_sizes\[0\]=30 is not "
+                     "divisible by the 4 devices of mesh axis 'model'"):
+    train_lib.train_and_evaluate(small_config, str(tmp_path))
+  # Odd layers are row-split: their own width is never split.
+  config_lib.validate(_hidden(small_config, (32, 30)), 8)
+
+
+def _hidden(config, sizes):
+  config.model.hidden_sizes = sizes
+  return config
