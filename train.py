@@ -18,6 +18,7 @@ from ml_collections import config_flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 USAGE_EXIT = 2
+DIVERGED_EXIT = 3  # a non-finite loss: not bad usage, not a crash
 
 
 def _fail(message: str) -> None:
@@ -47,7 +48,9 @@ def _config_error(e: Exception, argv: list[str]) -> str:
 # overrides, as soon as the flag is defined.
 try:
   config_flags.DEFINE_config_file(
-      'config', 'configs/default.py', 'Training configuration file.',
+      'config', os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                             'configs', 'default.py'),
+      'Training configuration file (default: configs/default.py).',
       lock_config=True)
 except Exception as e:  # noqa: BLE001 (user input: reported, not a crash)
   _fail(_config_error(e, sys.argv))
@@ -94,7 +97,7 @@ def main(argv: list[str]) -> None:
     _fail(f'unexpected arguments {argv[1:]}; every option is a --flag')
   import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
 
-  from meshfit import config_lib, train_lib  # noqa: PLC0415
+  from meshfit import config_lib, preemption, train_lib  # noqa: PLC0415
   from meshfit.errors import UsageError  # noqa: PLC0415
 
   logging.info('JAX process %d/%d, local devices: %s', jax.process_index(),
@@ -116,6 +119,12 @@ def main(argv: list[str]) -> None:
       print(json.dumps(result, indent=2))
   except UsageError as e:
     _fail(str(e))
+  except train_lib.NonFiniteLossError as e:
+    sys.stderr.write(f'error: {e.explain(FLAGS.workdir)}\n')
+    sys.exit(DIVERGED_EXIT)
+  except preemption.Preempted as e:
+    logging.warning('%s', e)
+    sys.exit(preemption.EXIT_CODE)
 
 
 if __name__ == '__main__':

@@ -1,18 +1,35 @@
-"""Orbax checkpoints of the whole train state plus the input position.
+"""Orbax checkpoints of the whole train state, plus what decides the run.
 
-Layout: `workdir/checkpoints/<step>/{state,data}`. `state` is the TrainState
-(every leaf a global jax.Array); `data` is JSON with the loader position.
-Restores go into the shardings of the *current* mesh (an abstract target
-built from it), so a checkpoint written on one mesh loads on any other.
+Layout: `workdir/checkpoints/<step>/{state,meta}`. `state` is the TrainState
+(every leaf a global jax.Array); `meta` is JSON: the input position and the
+config the state was trained with. Restores go into the shardings of the
+*current* mesh (an abstract target built from it), so a checkpoint written
+on one mesh loads on any other.
+
+A checkpoint that cannot be restored (no commit marker, truncated or missing
+files) is never deleted: training moves it to `workdir/damaged_checkpoints/`
+with a warning naming its step and resumes from the newest intact one.
 """
 
 import os
+import shutil
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
+from absl import logging
+from jax.experimental import multihost_utils
 
 from meshfit.errors import UsageError
 from meshfit.state import TrainState
+
+# Orbax writes this file last, into every finished checkpoint.
+COMMIT_MARKER = 'commit_success.txt'
+DAMAGED_DIR = 'damaged_checkpoints'
+
+
+class DamagedCheckpointError(Exception):
+  """A checkpoint exists but cannot be restored."""
 
 
 class Checkpointer:
@@ -27,7 +44,9 @@ class Checkpointer:
       max_to_keep: newest checkpoints kept; older ones are deleted.
       read_only: for evaluation: never writes or deletes anything.
     """
-    self.directory = os.path.join(os.path.abspath(workdir), 'checkpoints')
+    self.workdir = os.path.abspath(workdir)
+    self.directory = os.path.join(self.workdir, 'checkpoints')
+    self._read_only = read_only
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -35,36 +54,79 @@ class Checkpointer:
             create=not read_only,
             read_only=read_only,
             enable_async_checkpointing=not read_only),
-        item_names=('state', 'data'))
+        item_names=('state', 'meta'))
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 
-  def latest_step(self) -> int | None:
-    return self._manager.latest_step()
+  def is_committed(self, step: int) -> bool:
+    return os.path.exists(os.path.join(self.directory, str(step),
+                                       COMMIT_MARKER))
 
-  def save(self, step: int, state: TrainState, data: dict[str, Any]) -> None:
-    """Starts an async save; arrays are copied off-device before it returns."""
+  def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> None:
+    """Starts an async save; arrays are copied off-device before it returns.
+
+    Errors of an earlier async save are raised here, not swallowed.
+    """
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        data=ocp.args.JsonSave(data)), force=True)
+        meta=ocp.args.JsonSave(meta)), force=True)
 
-  def restore(self, step: int,
-              target: TrainState) -> tuple[TrainState, dict[str, Any]]:
+  def restore_meta(self, step: int) -> dict[str, Any]:
+    """The JSON side of a checkpoint: cheap, read before the arrays."""
+    self._check_committed(step)
+    try:
+      return self._manager.restore(step, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore())).meta
+    except Exception as e:  # noqa: BLE001 (any read failure means damage)
+      raise DamagedCheckpointError(f'{type(e).__name__}: {e}') from e
+
+  def restore_state(self, step: int, target: TrainState) -> TrainState:
     """Restores `step` into `target`'s shapes, dtypes and shardings."""
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(target),
-        data=ocp.args.JsonRestore()))
-    return restored.state, restored.data
+    self._check_committed(step)
+    try:
+      return self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target))).state
+    except Exception as e:  # noqa: BLE001 (any read failure means damage)
+      raise DamagedCheckpointError(f'{type(e).__name__}: {e}') from e
+
+  def _check_committed(self, step: int) -> None:
+    if not self.is_committed(step):
+      raise DamagedCheckpointError(f'incomplete: no {COMMIT_MARKER}')
+
+  def set_aside(self, steps: list[int]) -> None:
+    """Moves damaged checkpoints out of the way, keeping their files.
+
+    A later save of the same step would otherwise collide with them.
+    """
+    if self._read_only or not steps:
+      return
+    if jax.process_index() == 0:
+      for step in steps:
+        target = os.path.join(self.workdir, DAMAGED_DIR, str(step))
+        suffix = 1
+        while os.path.exists(target):
+          target = os.path.join(self.workdir, DAMAGED_DIR, f'{step}.{suffix}')
+          suffix += 1
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.move(os.path.join(self.directory, str(step)), target)
+        logging.warning('Moved damaged checkpoint %d to %s.', step, target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices('meshfit:set_aside_checkpoints')
+    self._manager.reload()
 
   def step_to_restore(self, step: int | None) -> int:
-    """`step`, or the newest, checked to exist (for eval and predict)."""
+    """`step`, or the newest intact one, checked to exist (eval, predict)."""
     steps = self.all_steps()
     if not steps:
       raise UsageError(f'no checkpoint in {self.directory}; train first '
                        '(python train.py --workdir=...)')
     if step is None:
-      return steps[-1]
+      intact = [s for s in steps if self.is_committed(s)]
+      if not intact:
+        raise UsageError(f'every checkpoint in {self.directory} is '
+                         'incomplete; resume training to write a new one')
+      return intact[-1]
     if step not in steps:
       raise UsageError(f'no checkpoint of step {step} in {self.directory}; '
                        f'available steps: {", ".join(map(str, steps))}')
@@ -73,6 +135,7 @@ class Checkpointer:
   def wait(self) -> None:
     """Blocks until pending async saves are on disk; raises their errors."""
     self._manager.wait_until_finished()
+    self._manager.check_for_errors()
 
   def close(self) -> None:
     self._manager.close()

@@ -21,6 +21,13 @@ from models import mlp
 EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
              'dataset.prefetch_batches', 'mesh.data', 'mesh.model')
 
+# Keys a resumed run may change: they decide how long and how observably it
+# runs and where, not what the checkpointed state means. (num_train_steps
+# also stretches or shrinks the warmup_cosine schedule from that step on.)
+RESUME_SAFE_KEYS = EVAL_KEYS + (
+    'num_train_steps', 'log_every_steps', 'eval_every_steps',
+    'checkpoint_every_steps', 'max_checkpoints_to_keep')
+
 
 def _require(ok: bool, message: str) -> None:
   if not ok:
@@ -209,3 +216,28 @@ def fit_saved_mesh(config: ml_collections.ConfigDict,
     fitted = ml_collections.ConfigDict(config.to_dict())
     fitted.mesh.data, fitted.mesh.model = -1, 1
     return fitted
+
+
+def check_resume_compatible(trained: dict, config: ml_collections.ConfigDict,
+                            step: int) -> None:
+  """Refuses to resume a checkpoint with a config that changes its meaning.
+
+  Args:
+    trained: the config saved in the checkpoint (as a plain dict).
+    config: the config of this run.
+    step: the checkpoint's step, for the message.
+
+  Raises:
+    UsageError: naming every differing key outside RESUME_SAFE_KEYS.
+  """
+  before = flatten(ml_collections.ConfigDict(_tuples(trained)))
+  now = flatten(config)
+  differing = sorted(k for k in before.keys() & now.keys()
+                     if before[k] != now[k] and k not in RESUME_SAFE_KEYS)
+  if differing:
+    details = ', '.join(f'{k} (checkpoint {before[k]!r}, now {now[k]!r})'
+                        for k in differing)
+    raise UsageError(
+        f'the checkpoint of step {step} was trained with a different config: '
+        f'{details}; use a new --workdir for a new run, or restore those '
+        f'values (only {", ".join(RESUME_SAFE_KEYS)} may change on resume)')

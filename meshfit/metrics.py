@@ -95,7 +95,9 @@ class JsonlWriter(metric_writers.MetricWriter):
 
   def __init__(self, path: str):
     self._path = path
-    self._file = open(path, 'a', encoding='utf-8')
+    # Line-buffered: each record reaches the file as it is written, so a
+    # killed run loses at most the line it was writing.
+    self._file = open(path, 'a', encoding='utf-8', buffering=1)
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]):
     record = {'step': int(step)}

@@ -22,7 +22,9 @@ import input_pipeline
 from input_pipeline import loader
 from input_pipeline.tables import Table
 from meshfit import (checkpointing, config_lib, metrics, optim, sharding,
-                     state as state_lib, steps)
+                     state as state_lib, steps, workdir_lock)
+from meshfit.errors import UsageError
+from meshfit.preemption import Preempted, PreemptionWatch
 from meshfit.normalization import Normalizer
 from models.mlp import MlpConfig
 
@@ -30,10 +32,6 @@ from models.mlp import MlpConfig
 # many multi-device steps are queued at once; two keep the device busy while
 # the host prepares the next step, and let every loss be checked as it lands.
 MAX_STEPS_IN_FLIGHT = 2
-
-
-class NonFiniteLossError(RuntimeError):
-  """Training produced a NaN or infinite loss."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +83,7 @@ class _LossWatch:
       self._check(*self._pending.popleft())
 
   def drain(self) -> None:
+    """Waits for every dispatched step; call before saving or logging."""
     while self._pending:
       self._check(*self._pending.popleft())
 
@@ -92,22 +91,55 @@ class _LossWatch:
   def _check(step: int, loss: jax.Array) -> None:
     value = float(loss)
     if not np.isfinite(value):
-      raise NonFiniteLossError(f'loss is {value} at step {step}')
+      raise NonFiniteLossError(step, value)
+
+
+class NonFiniteLossError(RuntimeError):
+  """Training produced a NaN or infinite loss; nothing after it was saved."""
+
+  def __init__(self, step: int, value: float):
+    super().__init__(f'loss is {value} at step {step}')
+    self.step = step
+    self.last_good: int | None = None  # set by the loop
+
+  def explain(self, workdir: str) -> str:
+    """The one-line error: the step, and the checkpoint to go back to."""
+    if self.last_good is None:
+      where = 'no checkpoint was written'
+    else:
+      path = os.path.join(workdir, 'checkpoints', str(self.last_good))
+      where = (f'the last good checkpoint is step {self.last_good} ({path}), '
+               'left untouched')
+    return (f'{self}: training stopped; {where}. Lower '
+            'optimizer.learning_rate or set optimizer.grad_clip_norm')
 
 
 def _restore_or_init(config, setup, ckpt, train_table):
-  """The newest checkpoint's state and data position, or a fresh start."""
-  latest = ckpt.latest_step()
-  if latest is None:
-    norm = Normalizer.fit(train_table.x_NxF, train_table.y_NxT,
-                          config.dataset.standardize)
-    state = state_lib.create_train_state(setup.spec, setup.tx, setup.mesh,
-                                         config.seed, norm)
-    return state, 0
-  logging.info('Resuming from the checkpoint of step %d.', latest)
-  target = state_lib.abstract_state(setup.spec, setup.tx, setup.mesh)
-  state, data = ckpt.restore(latest, target)
-  return state, int(data['position'])
+  """The newest intact checkpoint's state and input position, or a start.
+
+  Damaged checkpoints are skipped with a warning naming their step and, once
+  a restore succeeded, moved aside (never deleted).
+  """
+  damaged = []
+  for step in reversed(ckpt.all_steps()):
+    try:
+      meta = ckpt.restore_meta(step)
+      config_lib.check_resume_compatible(meta['config'], config, step)
+      target = state_lib.abstract_state(setup.spec, setup.tx, setup.mesh)
+      state = ckpt.restore_state(step, target)
+    except checkpointing.DamagedCheckpointError as e:
+      logging.warning('Checkpoint of step %d is damaged and is skipped: %s',
+                      step, str(e).splitlines()[0][:300])
+      damaged.append(step)
+      continue
+    ckpt.set_aside(damaged)
+    logging.info('Resuming from the checkpoint of step %d.', step)
+    return state, int(meta['data_position'])
+  ckpt.set_aside(damaged)
+  norm = Normalizer.fit(train_table.x_NxF, train_table.y_NxT,
+                        config.dataset.standardize)
+  return state_lib.create_train_state(setup.spec, setup.tx, setup.mesh,
+                                      config.seed, norm), 0
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
@@ -120,18 +152,39 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
   Returns:
     The final evaluation metrics.
+
+  Raises:
+    UsageError: bad config or data, an incompatible checkpoint, or a workdir
+      that another trainer holds; nothing in the workdir has changed.
+    Preempted: SIGTERM; the step reached is saved.
+    NonFiniteLossError: the loss diverged; earlier checkpoints are intact.
   """
   config_lib.check_workdir(workdir)
   config_lib.validate(config, jax.device_count())
   splits = input_pipeline.load_splits(config.dataset)
   setup = make_setup(config, splits.train.x_NxF.shape[1],
                      splits.train.y_NxT.shape[1])
-  is_main = jax.process_index() == 0
-  os.makedirs(workdir, exist_ok=True)
-  ckpt = checkpointing.Checkpointer(
-      workdir, max_to_keep=config.max_checkpoints_to_keep)
-  state, position = _restore_or_init(config, setup, ckpt, splits.train)
+  preemption = PreemptionWatch()
+  try:
+    with workdir_lock.WorkdirLock(workdir):
+      ckpt = checkpointing.Checkpointer(
+          workdir, max_to_keep=config.max_checkpoints_to_keep)
+      try:
+        state, position = _restore_or_init(config, setup, ckpt, splits.train)
+        return _train(config, workdir, setup, splits, ckpt, preemption,
+                      state, position)
+      finally:
+        ckpt.wait()
+        ckpt.close()
+  finally:
+    preemption.close()
+
+
+def _train(config, workdir, setup, splits, ckpt, preemption, state,
+           position) -> dict[str, float]:
+  """The loop: steps, metrics, evaluations, checkpoints, preemption."""
   initial_step = int(jax.device_get(state.step))
+  is_main = jax.process_index() == 0
   if is_main:
     config_lib.save_json(config, os.path.join(workdir, 'config.json'))
     metrics.truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'),
@@ -149,9 +202,20 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       num_train_steps=config.num_train_steps, writer=writer,
       every_steps=config.log_every_steps, every_secs=None)
   watch = _LossWatch()
-  logging.info('Training steps %d..%d on a %s mesh.', initial_step,
+  last_saved = initial_step if initial_step else None
+
+  def save(step):
+    nonlocal last_saved
+    watch.drain()  # never save a state whose loss was not checked
+    ckpt.save(step, state, {'data_position': batches.position,
+                            'config': config.to_dict()})
+    last_saved = step
+
+  logging.info('Training steps %d..%d on a %s mesh.', initial_step + 1,
                config.num_train_steps, dict(setup.mesh.shape))
   try:
+    if preemption.received:
+      raise Preempted(initial_step)
     for step in range(initial_step + 1, config.num_train_steps + 1):
       with jax.profiler.StepTraceAnnotation('train', step_num=step):
         state, loss = train_step(state, next(batches))
@@ -170,18 +234,31 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
           _write_eval(writer, step, evaluate_table(
               setup, state, splits.eval, config.eval_batch_size, eval_step))
       if step % config.checkpoint_every_steps == 0 or last:
-        watch.drain()
-        ckpt.save(step, state, {'position': batches.position})
+        save(step)
+      if preemption.should_stop(step):
+        if last_saved != step:
+          save(step)
+        ckpt.wait()
+        writer.flush()
+        raise Preempted(step)
     watch.drain()
     final = evaluate_table(setup, state, splits.eval,
                            config.eval_batch_size, eval_step)
     _write_eval(writer, int(jax.device_get(state.step)), final)
+    return final
+  except NonFiniteLossError as e:
+    # The state of step e.step - 1 produced the bad loss: a checkpoint of it
+    # is not good either. Set it aside (kept, not deleted) so that a rerun
+    # resumes from a state that produced a finite loss.
+    ckpt.wait()
+    if last_saved is not None and last_saved >= e.step - 1:
+      ckpt.set_aside([last_saved])
+    e.last_good = max((s for s in ckpt.all_steps() if s < e.step - 1),
+                      default=None)
+    raise
   finally:
     batches.close()
-    ckpt.wait()
-    ckpt.close()
     writer.close()
-  return final
 
 
 def _write_eval(writer, step: int, result: dict[str, float]) -> None:
@@ -208,8 +285,13 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str,
     step = ckpt.step_to_restore(step)
     table = input_pipeline.load_eval_split(config.dataset)
     setup = make_setup(config, table.x_NxF.shape[1], table.y_NxT.shape[1])
-    state, _ = ckpt.restore(
-        step, state_lib.abstract_state(setup.spec, setup.tx, setup.mesh))
+    try:
+      state = ckpt.restore_state(
+          step, state_lib.abstract_state(setup.spec, setup.tx, setup.mesh))
+    except checkpointing.DamagedCheckpointError as e:
+      raise UsageError(f'the checkpoint of step {step} in {ckpt.directory} '
+                       f'cannot be read ({str(e).splitlines()[0][:200]}); '
+                       'pick another with --step') from None
   finally:
     ckpt.close()
   scores = evaluate_table(setup, state, table, config.eval_batch_size)

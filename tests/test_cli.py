@@ -102,3 +102,15 @@ def test_bad_config_exits_2_and_leaves_the_workdir_alone(run_42):
 def test_bad_flags_exit_2_with_one_error_line(args, message, tmp_path):
   assert_usage_error(run(f'--workdir={tmp_path}/w', *args), message)
   assert not os.path.exists(tmp_path / 'w')
+
+
+def test_a_diverging_run_exits_3_naming_the_step(data_dir, tmp_path):
+  proc = run(f'--workdir={tmp_path}', f'--config.dataset.data_dir={data_dir}',
+             '--config.optimizer.name=sgd', '--config.optimizer.schedule=constant',
+             '--config.optimizer.learning_rate=1e4',
+             '--config.checkpoint_every_steps=1', '--config.num_train_steps=50')
+  assert proc.returncode == 3, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: loss is ') and 'at step ' in last
+  assert 'the last good checkpoint is step ' in last
+  assert 'Traceback' not in proc.stderr

@@ -2,14 +2,16 @@
 
 import json
 import os
+import re
 import shutil
+import socket
 
 import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from meshfit import config_lib, metrics, train_lib
+from meshfit import checkpointing, config_lib, metrics, train_lib, workdir_lock
 from meshfit.errors import UsageError
 
 
@@ -196,3 +198,83 @@ def test_hidden_width_must_split_over_model_axis(small_config, tmp_path):
 def _hidden(config, sizes):
   config.model.hidden_sizes = sizes
   return config
+
+
+def test_resume_refuses_a_config_that_changes_the_run(small_config, tmp_path):
+  workdir = str(tmp_path)
+  train_lib.train_and_evaluate(small_config, workdir)
+  before = sorted(os.listdir(workdir)), _losses(workdir)
+  for key, value in (('model.hidden_sizes', (16,)),
+                     ('optimizer.name', 'sgd'),
+                     ('dataset.name', 'synthetic_regression/linear'),
+                     ('seed', 7), ('batch_size', 128)):
+    changed = small_config.copy_and_resolve_references()
+    *parents, leaf = key.split('.')
+    node = changed
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+    with pytest.raises(UsageError, match=rf'checkpoint of step 60 was trained '
+                       rf'with a different config: {re.escape(key)} '):
+      train_lib.train_and_evaluate(changed, workdir)
+    assert (sorted(os.listdir(workdir)), _losses(workdir)) == before
+
+
+def test_resume_accepts_safe_changes(small_config, tmp_path):
+  workdir = str(tmp_path)
+  train_lib.train_and_evaluate(small_config, workdir)
+  longer = small_config.copy_and_resolve_references()
+  longer.num_train_steps = 80
+  longer.mesh.model = 2
+  longer.log_every_steps = 20
+  longer.eval_batch_size = 512
+  train_lib.train_and_evaluate(longer, workdir)
+  assert max(_losses(workdir)) == 80
+
+
+def test_incomplete_checkpoint_is_skipped(small_config, tmp_path):
+  workdir = str(tmp_path)
+  train_lib.train_and_evaluate(small_config, workdir)
+  os.remove(os.path.join(workdir, 'checkpoints', '60',
+                         checkpointing.COMMIT_MARKER))
+  final = train_lib.train_and_evaluate(small_config, workdir)
+  assert os.path.isdir(os.path.join(workdir, 'damaged_checkpoints', '60'))
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [
+      '20', '40', '60']
+  assert final['num_examples'] == 10_000
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
+    small_config, tmp_path):
+  small_config.optimizer.name = 'sgd'
+  small_config.optimizer.schedule = 'constant'
+  small_config.optimizer.learning_rate = 1e4
+  small_config.checkpoint_every_steps = 1
+  with pytest.raises(train_lib.NonFiniteLossError) as info:
+    train_lib.train_and_evaluate(small_config, str(tmp_path))
+  error = info.value
+  saved = sorted(int(s) for s in os.listdir(tmp_path / 'checkpoints'))
+  # The state that produced the bad loss (step - 1) was saved, then set aside.
+  assert os.listdir(tmp_path / 'damaged_checkpoints') == [str(error.step - 1)]
+  assert error.last_good == saved[-1] == error.step - 2
+  message = error.explain(str(tmp_path))
+  assert f'at step {error.step}' in message
+  assert f'last good checkpoint is step {saved[-1]}' in message
+  # The last good checkpoint holds a usable (finite) model.
+  result = train_lib.evaluate(small_config, str(tmp_path))
+  assert result['step'] == saved[-1] and np.isfinite(result['rmse'])
+
+
+def test_a_stale_lock_is_taken_over_and_a_live_one_refused(small_config,
+                                                           tmp_path):
+  lock = tmp_path / 'lock'
+  lock.write_text(json.dumps({'host': socket.gethostname(), 'pid': 999999999,
+                              'start_time': '1'}))
+  train_lib.train_and_evaluate(small_config, str(tmp_path))
+  assert not lock.exists()  # released at the end
+  lock.write_text(json.dumps({
+      'host': socket.gethostname(), 'pid': os.getpid(),
+      'start_time': workdir_lock._start_time(os.getpid())}))
+  with pytest.raises(UsageError, match=f'pid {os.getpid()}'):
+    train_lib.train_and_evaluate(small_config, str(tmp_path))
+  assert lock.exists()  # not ours to remove
