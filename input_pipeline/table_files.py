@@ -162,14 +162,20 @@ def _missing_column_error(frame: pd.DataFrame, column: str, name: str,
       f'{", ".join(map(str, frame.columns))}')
 
 
+def _is_number_dtype(values: pd.Series) -> bool:
+  return bool(pd.api.types.is_bool_dtype(values)
+              or pd.api.types.is_numeric_dtype(values))
+
+
 def _as_numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
   """(float64 values, which cells hold something that is not a number)."""
-  if pd.api.types.is_bool_dtype(values) or pd.api.types.is_numeric_dtype(
-      values):
-    return values.to_numpy(np.float64, na_value=np.nan), np.zeros(
-        len(values), bool)
+  if _is_number_dtype(values):
+    numbers = values.to_numpy(np.float64, na_value=np.nan)
+    return numbers, np.zeros(len(values), bool)
   numbers = pd.to_numeric(values, errors='coerce').to_numpy(
       np.float64, na_value=np.nan)
+  # Coercion turns both text and empty cells into NaN; only text is "not a
+  # number", empty cells are reported as missing.
   return numbers, np.isnan(numbers) & values.notna().to_numpy()
 
 
@@ -179,10 +185,10 @@ def looks_numeric(values: pd.Series) -> bool:
   A text column with one typo among its numbers counts as numeric, so the
   typo is reported instead of the column being silently left out.
   """
+  if _is_number_dtype(values):
+    return True
   numbers, _ = _as_numbers(values)
-  return bool(pd.api.types.is_bool_dtype(values)
-              or pd.api.types.is_numeric_dtype(values)
-              or np.isfinite(numbers).any())
+  return bool(np.isfinite(numbers).any())
 
 
 def numeric_matrix(frame: pd.DataFrame, columns: Sequence[str], path: str,
@@ -210,7 +216,7 @@ def numeric_matrix(frame: pd.DataFrame, columns: Sequence[str], path: str,
   role = f' ({role})' if role else ''
   n = frame.shape[0]
   matrix_NxC = np.empty((n, len(columns)), np.float32)
-  first_bad = None  # (row, column index, message)
+  first_bad = None  # (row, column index, problem, bad cells in column)
   for c, column in enumerate(columns):
     if column not in frame.columns:
       raise _missing_column_error(frame, column, name, role)

@@ -1,4 +1,4 @@
-"""Tests for the csv_regression builder, its config checks and train.py on a CSV."""
+"""Tests for the csv_regression builder, its config keys and train.py on CSV."""
 
 import os
 
@@ -53,7 +53,8 @@ def files(tmp_path):
 
 
 def _prepared_keys(tmp_path) -> list[str]:
-  return sorted(p.name for p in (tmp_path / 'tfds' / 'csv_regression').iterdir())
+  root = tmp_path / 'tfds' / 'csv_regression'
+  return sorted(p.name for p in root.iterdir())
 
 
 def test_splits_hold_the_files_rows_in_order_with_their_names(tmp_path, files):
