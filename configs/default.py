@@ -15,10 +15,18 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0
 
   config.dataset = ml_collections.ConfigDict()
-  # TFDS builder (and config) name.
+  # TFDS builder (and config) name: synthetic_regression/{linear,friedman1}
+  # or csv_regression (a user's own tables, see configs/csv.py).
   config.dataset.name = 'synthetic_regression/friedman1'
   # Where TFDS prepares and reads data (prepared locally, never downloaded).
   config.dataset.data_dir = '~/tensorflow_datasets'
+  # csv_regression only: CSV or Parquet files with a header row (~ expanded).
+  config.dataset.train_path = ''
+  config.dataset.eval_path = ''
+  # csv_regression only: tuple of the column names to predict (one or more).
+  config.dataset.target_columns = ()
+  # csv_regression only: tuple of input columns; () = every other numeric one.
+  config.dataset.feature_columns = ()
   # TFDS split names for training and evaluation.
   config.dataset.train_split = 'train'
   config.dataset.eval_split = 'test'

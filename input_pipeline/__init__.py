@@ -8,9 +8,10 @@ import ml_collections
 from jax.experimental import multihost_utils
 
 # Importing a builder module registers it with TFDS.
-from input_pipeline import synthetic_regression  # noqa: F401
+from input_pipeline import csv_regression, synthetic_regression  # noqa: F401
 from input_pipeline import tables
 from input_pipeline.tables import Table
+from meshfit.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,15 +21,37 @@ class Splits:
   eval: Table
 
 
+def _prepare(dataset: ml_collections.ConfigDict, data_dir: str):
+  if dataset.name == csv_regression.NAME:
+    tables.check_data_dir(data_dir)
+    return csv_regression.prepare(
+        os.path.expanduser(dataset.train_path),
+        os.path.expanduser(dataset.eval_path), tuple(dataset.target_columns),
+        tuple(dataset.feature_columns), data_dir)
+  return tables.prepare(dataset.name, data_dir)
+
+
 def _prepared_builder(dataset: ml_collections.ConfigDict):
-  """Prepares the dataset if needed (process 0 only; others wait for it)."""
+  """Prepares the dataset if needed (process 0 only; others wait for it).
+
+  For csv_regression every process reads the files (to find their content
+  key), so they must be readable from every host.
+  """
   data_dir = os.path.expanduser(dataset.data_dir)
+  error = None
   if jax.process_index() == 0:
-    tables.prepare(dataset.name, data_dir)
+    try:
+      _prepare(dataset, data_dir)
+    except UsageError as e:
+      # Raised after the barrier: the others would wait there forever.
+      # They then find nothing prepared, read the same files and fail too.
+      error = e
   if jax.process_count() > 1:
     # Every process writing the same files at once would corrupt them.
     multihost_utils.sync_global_devices('meshfit:prepare_dataset')
-  return tables.prepare(dataset.name, data_dir)
+  if error is not None:
+    raise error
+  return _prepare(dataset, data_dir)
 
 
 def load_splits(dataset: ml_collections.ConfigDict) -> Splits:

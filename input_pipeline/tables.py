@@ -1,6 +1,6 @@
 """From a prepared TFDS split to an in-memory table of float32 arrays.
 
-The synthetic splits are small enough to hold in host memory, so training
+Regression tables are small enough to hold in host memory, so training
 reads each split once, here, and slices batches out of numpy arrays after that.
 """
 
@@ -11,13 +11,16 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from input_pipeline import synthetic_regression
+from input_pipeline import csv_regression, synthetic_regression
 from meshfit.errors import UsageError
 
-KNOWN_DATASETS = tuple(
+# Datasets that `prepare` generates from their name alone.
+GENERATED_DATASETS = tuple(
     f'{synthetic_regression.SyntheticRegression.name}/{config.name}'
     for config in synthetic_regression.SyntheticRegression.BUILDER_CONFIGS
 )
+# csv_regression is prepared from the user's files by `csv_regression.prepare`.
+KNOWN_DATASETS = GENERATED_DATASETS + (csv_regression.NAME,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +30,10 @@ class Table:
   Attributes:
     x_NxF: features, float32, one row per example.
     y_NxT: targets, float32, one row per example.
-    feature_names: F names, one per column of `x_NxF` ('x0', 'x1', ...).
-    target_names: T names, one per column of `y_NxT` ('y' when T is 1).
+    feature_names: F names, one per column of `x_NxF`: the file's column
+      names for csv_regression, else 'x0', 'x1', ...
+    target_names: T names, one per column of `y_NxT`: the file's column
+      names for csv_regression, else 'y' (T = 1) or 'y0', 'y1', ...
   """
 
   x_NxF: np.ndarray
@@ -64,6 +69,15 @@ class Table:
     return self.x_NxF.shape[0]
 
 
+def check_data_dir(data_dir: str) -> None:
+  """Raises UsageError if `data_dir` exists but is not a directory."""
+  if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+    raise UsageError(
+        f'data_dir {data_dir!r} is a file; point it at a directory (it is '
+        'created if missing).'
+    )
+
+
 def prepare(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
   """Returns the builder for `name`, generating its data first if needed.
 
@@ -71,7 +85,7 @@ def prepare(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
   never asked for a pre-built copy.
 
   Args:
-    name: 'synthetic_regression/<config>', one of `KNOWN_DATASETS`.
+    name: 'synthetic_regression/<config>', one of `GENERATED_DATASETS`.
     data_dir: TFDS data directory; created if missing.
 
   Returns:
@@ -80,15 +94,11 @@ def prepare(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
   Raises:
     UsageError: `name` is not a known dataset, or `data_dir` is a file.
   """
-  if name not in KNOWN_DATASETS:
+  if name not in GENERATED_DATASETS:
     raise UsageError(
         f'unknown dataset {name!r}; use one of: {", ".join(KNOWN_DATASETS)}.'
     )
-  if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-    raise UsageError(
-        f'data_dir {data_dir!r} is a file; point it at a directory (it is '
-        'created if missing).'
-    )
+  check_data_dir(data_dir)
   # google-auth otherwise probes the GCE metadata server, which stalls for
   # seconds on machines without network before giving up.
   os.environ.setdefault('NO_GCE_CHECK', 'true')
@@ -188,12 +198,12 @@ def load_table(builder: tfds.core.DatasetBuilder, split: str) -> Table:
         f'{x_NxF.shape[0]}; delete that directory and prepare the dataset '
         'again.'
     )
-  return Table(
-      x_NxF=x_NxF,
-      y_NxT=y_NxT,
-      feature_names=tuple(f'x{i}' for i in range(x_NxF.shape[1])),
-      target_names=(
-          ('y',) if y_NxT.shape[1] == 1
-          else tuple(f'y{i}' for i in range(y_NxT.shape[1]))
-      ),
-  )
+  names = csv_regression.column_names(builder)
+  if names is None:  # Generated datasets have no column names of their own.
+    names = (
+        tuple(f'x{i}' for i in range(x_NxF.shape[1])),
+        ('y',) if y_NxT.shape[1] == 1
+        else tuple(f'y{i}' for i in range(y_NxT.shape[1])),
+    )
+  return Table(x_NxF=x_NxF, y_NxT=y_NxT, feature_names=names[0],
+               target_names=names[1])

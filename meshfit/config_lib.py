@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 import ml_collections
 
-from input_pipeline import tables
+from input_pipeline import csv_regression, table_files, tables
 from meshfit import optim, sharding
 from meshfit.errors import UsageError
 from models import mlp
@@ -19,7 +19,8 @@ from models import mlp
 # Keys that --mode=eval and --mode=predict may take from the command line:
 # they change how a saved model is evaluated, not what it is.
 EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
-             'dataset.prefetch_batches', 'mesh.data', 'mesh.model')
+             'dataset.eval_path', 'dataset.prefetch_batches', 'mesh.data',
+             'mesh.model')
 
 # Keys a resumed run may change: they decide how long and how observably it
 # runs and where, not what the checkpointed state means. (num_train_steps
@@ -59,6 +60,23 @@ def flatten(config: ml_collections.ConfigDict,
   return out
 
 
+def _validate_csv(dataset: ml_collections.ConfigDict) -> None:
+  """The csv_regression keys: both files named, columns well chosen."""
+  for key in ('train_path', 'eval_path'):
+    value = dataset[key]
+    _require(isinstance(value, str) and value,
+             f'dataset.{key} is empty; csv_regression needs the path of a CSV '
+             f'or Parquet file with a header row, e.g. '
+             f'--config.dataset.{key}=data/{key.split("_")[0]}.csv')
+  for key in ('target_columns', 'feature_columns'):
+    value = dataset[key]
+    _require(isinstance(value, tuple),
+             f"dataset.{key}={value!r} must be a tuple of column names, e.g. "
+             f"--config.dataset.{key}='(\"a\", \"b\")'")
+  table_files.check_column_selection(dataset.target_columns,
+                                     dataset.feature_columns)
+
+
 def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Checks every setting against the others and the devices at hand.
 
@@ -75,6 +93,8 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
            f'dataset.name {config.dataset.name!r} is unknown; use one of '
            f'{", ".join(tables.KNOWN_DATASETS)}')
   _positive_int(config, 'dataset.prefetch_batches')
+  if config.dataset.name == csv_regression.NAME:
+    _validate_csv(config.dataset)
 
   hidden = tuple(config.model.hidden_sizes)
   _require(all(isinstance(h, int) and h > 0 for h in hidden),

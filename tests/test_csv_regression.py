@@ -1,0 +1,253 @@
+"""Tests for the csv_regression builder, its config keys and train.py on CSV."""
+
+import os
+
+os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
+os.environ.setdefault('NO_GCE_CHECK', 'true')
+
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+import input_pipeline  # noqa: E402
+from configs import csv as csv_config  # noqa: E402
+from input_pipeline import csv_regression, table_files  # noqa: E402
+from meshfit import config_lib  # noqa: E402
+from meshfit.errors import UsageError  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _frame(n: int, seed: int) -> pd.DataFrame:
+  """y = 3 a - 2 b + 0.1 noise, z = a b; 'id' is text, 'c' is noise."""
+  rng = np.random.default_rng(seed)
+  a, b, c = rng.normal(size=(3, n))
+  return pd.DataFrame({'id': [f'r{seed}_{i}' for i in range(n)], 'a': a,
+                       'b': b, 'c': c, 'y': 3 * a - 2 * b + 0.1 * c,
+                       'z': a * b})
+
+
+def _dataset(tmp_path, train: str, eval_: str, targets=('y',), features=()
+             ) -> ml_collections.ConfigDict:
+  dataset = csv_config.get_config().dataset
+  dataset.data_dir = str(tmp_path / 'tfds')
+  dataset.train_path = train
+  dataset.eval_path = eval_
+  dataset.target_columns = targets
+  dataset.feature_columns = features
+  return dataset
+
+
+@pytest.fixture()
+def files(tmp_path):
+  train, eval_ = _frame(40, 0), _frame(11, 1)
+  train.to_csv(tmp_path / 'train.csv', index=False)
+  eval_.to_csv(tmp_path / 'eval.csv', index=False)
+  return train, eval_, str(tmp_path / 'train.csv'), str(tmp_path / 'eval.csv')
+
+
+def _prepared_keys(tmp_path) -> list[str]:
+  root = tmp_path / 'tfds' / 'csv_regression'
+  return sorted(p.name for p in root.iterdir())
+
+
+def test_splits_hold_the_files_rows_in_order_with_their_names(tmp_path, files):
+  train, eval_, train_path, eval_path = files
+  splits = input_pipeline.load_splits(_dataset(tmp_path, train_path, eval_path))
+  assert splits.train.feature_names == ('a', 'b', 'c', 'z')
+  assert splits.train.target_names == ('y',)
+  assert splits.eval.feature_names == ('a', 'b', 'c', 'z')
+  np.testing.assert_array_equal(
+      splits.train.x_NxF, train[['a', 'b', 'c', 'z']].to_numpy(np.float32))
+  np.testing.assert_array_equal(splits.eval.y_NxT,
+                                eval_[['y']].to_numpy(np.float32))
+
+
+def test_two_targets_and_explicit_features(tmp_path, files):
+  train, _, train_path, eval_path = files
+  splits = input_pipeline.load_splits(
+      _dataset(tmp_path, train_path, eval_path, targets=('z', 'y'),
+               features=('b', 'a')))
+  assert splits.train.feature_names == ('b', 'a')
+  assert splits.train.target_names == ('z', 'y')
+  np.testing.assert_array_equal(splits.train.x_NxF,
+                                train[['b', 'a']].to_numpy(np.float32))
+  np.testing.assert_array_equal(splits.train.y_NxT,
+                                train[['z', 'y']].to_numpy(np.float32))
+
+
+def test_parquet_and_csv_files_mix(tmp_path, files):
+  train, eval_, _, eval_path = files
+  train_path = str(tmp_path / 'train.parquet')
+  train.to_parquet(train_path, index=False)
+  splits = input_pipeline.load_splits(_dataset(tmp_path, train_path, eval_path))
+  np.testing.assert_array_equal(
+      splits.train.x_NxF, train[['a', 'b', 'c', 'z']].to_numpy(np.float32))
+  assert splits.eval.num_examples == len(eval_)
+
+
+def test_unchanged_files_are_reused_and_changed_ones_prepared_again(
+    tmp_path, files, monkeypatch):
+  train, _, train_path, eval_path = files
+  dataset = _dataset(tmp_path, train_path, eval_path)
+  input_pipeline.load_splits(dataset)
+  [first_key] = _prepared_keys(tmp_path)
+
+  def fail(*args, **kwargs):
+    raise AssertionError('the files were read again for preparing')
+
+  # Unchanged content, even when moved, must come from the prepared copy.
+  moved = str(tmp_path / 'moved.csv')
+  os.rename(train_path, moved)
+  with monkeypatch.context() as patch:
+    patch.setattr(table_files, 'read_training_tables', fail)
+    splits = input_pipeline.load_splits(
+        _dataset(tmp_path, moved, eval_path))
+  assert _prepared_keys(tmp_path) == [first_key]
+  assert splits.train.num_examples == 40
+
+  changed = train.copy()
+  changed.loc[5, 'a'] = 123.0
+  changed.to_csv(moved, index=False)
+  splits = input_pipeline.load_splits(_dataset(tmp_path, moved, eval_path))
+  assert len(_prepared_keys(tmp_path)) == 2
+  assert splits.train.x_NxF[5, 0] == 123.0
+
+  # A different column selection of the same files is another dataset.
+  input_pipeline.load_splits(
+      _dataset(tmp_path, moved, eval_path, features=('a',)))
+  assert len(_prepared_keys(tmp_path)) == 3
+
+
+def test_bad_file_fails_before_anything_is_prepared(tmp_path, files):
+  _, eval_, train_path, _ = files
+  eval_.loc[6, 'c'] = np.nan
+  eval_path = str(tmp_path / 'bad_eval.csv')
+  eval_.to_csv(eval_path, index=False)
+  with pytest.raises(UsageError) as e:
+    input_pipeline.load_splits(_dataset(tmp_path, train_path, eval_path))
+  assert f"'{eval_path}' (dataset.eval_path), column 'c', data row 7" in str(
+      e.value)
+  assert not (tmp_path / 'tfds' / 'csv_regression').exists()
+
+
+def test_missing_file_is_named(tmp_path, files):
+  _, _, train_path, _ = files
+  missing = str(tmp_path / 'missing.csv')
+  with pytest.raises(UsageError, match=r"missing\.csv' \(dataset.eval_path\) "
+                     'does not exist'):
+    input_pipeline.load_splits(_dataset(tmp_path, train_path, missing))
+
+
+@pytest.mark.parametrize('key,value,message', [
+    ('train_path', '', 'dataset.train_path is empty'),
+    ('eval_path', '', 'dataset.eval_path is empty'),
+    ('target_columns', (), 'dataset.target_columns is empty'),
+    ('feature_columns', ('a', 'y'), "column 'y' is both a target"),
+    ('target_columns', ('y', 'y'), "names column 'y' twice"),
+])
+def test_validate_checks_the_csv_keys(key, value, message):
+  config = csv_config.get_config()
+  config.dataset.train_path = 'train.csv'
+  config.dataset.eval_path = 'eval.csv'
+  config.dataset.target_columns = ('y',)
+  config.dataset[key] = value
+  with pytest.raises(UsageError, match=message):
+    config_lib.validate(config, num_devices=8)
+
+
+def test_validate_accepts_a_complete_csv_config():
+  config = csv_config.get_config()
+  config.dataset.train_path = 'train.csv'
+  config.dataset.eval_path = 'eval.csv'
+  config.dataset.target_columns = ('y',)
+  config_lib.validate(config, num_devices=8)  # raises on any problem
+
+
+def test_content_key_depends_on_bytes_and_selection_only():
+  key = csv_regression.content_key(b'a,y\n1,2\n', b'a,y\n3,4\n', ('y',), ())
+  assert key == csv_regression.content_key(b'a,y\n1,2\n', b'a,y\n3,4\n',
+                                           ('y',), ())
+  others = {
+      csv_regression.content_key(b'a,y\n1,2\n', b'a,y\n3,5\n', ('y',), ()),
+      csv_regression.content_key(b'a,y\n3,4\n', b'a,y\n1,2\n', ('y',), ()),
+      csv_regression.content_key(b'a,y\n1,2\n', b'a,y\n3,4\n', ('y',), ('a',)),
+      # Moving bytes across the file boundary is a different pair of files.
+      csv_regression.content_key(b'a,y\n1,2\na', b',y\n3,4\n', ('y',), ()),
+  }
+  assert key not in others and len(others) == 4
+
+
+def _train_py(*args: str) -> subprocess.CompletedProcess:
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=8',
+             NO_GCE_CHECK='true', TF_CPP_MIN_LOG_LEVEL='2', JAX_PLATFORMS='cpu')
+  return subprocess.run([sys.executable, 'train.py', '--config=configs/csv.py',
+                         *args], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=300, check=False)
+
+
+def test_train_py_fits_a_csv_and_writes_metrics(tmp_path):
+  train, eval_ = _frame(400, 0), _frame(100, 1)
+  train.to_csv(tmp_path / 'train.csv', index=False)
+  eval_.to_parquet(tmp_path / 'eval.parquet', index=False)
+  workdir = tmp_path / 'run'
+  result = _train_py(
+      f'--workdir={workdir}', f'--config.dataset.data_dir={tmp_path}/tfds',
+      f'--config.dataset.train_path={tmp_path}/train.csv',
+      f'--config.dataset.eval_path={tmp_path}/eval.parquet',
+      '--config.dataset.target_columns=y', '--config.num_train_steps=200',
+      '--config.log_every_steps=100', '--config.eval_every_steps=200',
+      '--config.checkpoint_every_steps=200')
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = [json.loads(line) for line in
+           (workdir / 'metrics.jsonl').read_text().splitlines()]
+  final = [m for m in lines if 'eval/rmse' in m][-1]
+  assert final['step'] == 200
+  # y is linear in a and b with noise std 0.1 * 1: predicting the mean
+  # would score std(y) ~ 3.6; a fitted model must come far below it.
+  assert final['eval/rmse'] < 0.1 * eval_['y'].std()
+  saved = json.loads((workdir / 'config.json').read_text())
+  assert saved['dataset']['target_columns'] == ['y']
+
+
+# Each case fails at another stage: config check, file read, value check.
+# (Every other bad-data case is covered in-process, in test_table_files.)
+@pytest.mark.parametrize('case', ['target_as_feature', 'missing_file',
+                                  'non_numeric'])
+def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
+  frame = _frame(16, 0)
+  train_path, eval_path = tmp_path / 'train.csv', tmp_path / 'eval.csv'
+  frame.to_csv(train_path, index=False)
+  frame.to_csv(eval_path, index=False)
+  args = ['--config.dataset.target_columns=y']
+  expected = {
+      'missing_file': "'nope.csv' (dataset.eval_path) does not exist",
+      'non_numeric': "column 'b', data row 4 (1-based, header not counted): "
+                     "'4,5' is not a number",
+      'target_as_feature': "column 'y' is both a target",
+  }[case]
+  if case == 'missing_file':
+    eval_path = 'nope.csv'
+  elif case == 'non_numeric':
+    frame = frame.astype({'b': object})
+    frame.loc[3, 'b'] = '4,5'
+    frame.to_csv(train_path, index=False)
+  else:
+    args.append("--config.dataset.feature_columns=('a', 'y')")
+  workdir = tmp_path / 'run'
+  result = _train_py(f'--workdir={workdir}',
+                     f'--config.dataset.data_dir={tmp_path}/tfds',
+                     f'--config.dataset.train_path={train_path}',
+                     f'--config.dataset.eval_path={eval_path}', *args)
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert 'Traceback' not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: ') and expected in last, last
+  assert result.stderr.count('error: ') == 1
+  assert not workdir.exists()
