@@ -111,7 +111,8 @@ def main(argv: list[str]) -> None:
               else _overridden_keys())
       config = config_lib.merge_eval_overrides(saved, FLAGS.config, keys)
       if not any(k.startswith('mesh.') for k in _overridden_keys()):
-        config = config_lib.fit_saved_mesh(config, jax.device_count())
+        config = config_lib.fit_saved_mesh(config, jax.device_count(),
+                                           jax.local_device_count())
       result = train_lib.evaluate(config, FLAGS.workdir, FLAGS.step)
       print(json.dumps(result, indent=2))
   except UsageError as e:
