@@ -9,11 +9,13 @@ single process and nothing is initialised.
 
 A process that dies must not leave the others waiting forever in a
 collective. The coordination service (hosted by process 0) marks a process
-dead when it has sent no heartbeat for `heartbeat_timeout_seconds`, and then
-every remaining process terminates itself with a non-zero status. If process
-0 itself dies, the others lose the service and terminate after the same
-timeout. `shutdown_timeout_seconds` bounds how long a finished process waits
-at exit for the others to finish too.
+dead when it has sent no heartbeat for `heartbeat_timeout_seconds` (checked
+every second), and then every remaining process terminates itself with a
+non-zero status. If process 0 itself dies, the others lose their connection
+to the service and terminate at once. A process that fails leaves at once
+too (`exit_at_once_on_failure`), so that it counts as dead rather than
+waiting for peers stuck in a collective. `shutdown_timeout_seconds` bounds
+how long a finished process waits at exit for the others to finish too.
 """
 
 import contextlib
@@ -179,7 +181,6 @@ def tag_logs(process_id: int, num_processes: int) -> None:
   handler = logging.get_absl_handler()
   inner = handler.python_handler.formatter or logging.PythonFormatter()
   handler.setFormatter(_ProcessTag(inner, f'[p{process_id}/{num_processes}] '))
-
 
 
 @contextlib.contextmanager

@@ -53,7 +53,11 @@ def _flags(data_dir: str, **changes) -> list[str]:
 
 @contextlib.contextmanager
 def _sigint_deliverable():
-  """Children inherit an ignored SIGINT (pytest run as a background job)."""
+  """Lets children turn SIGINT into KeyboardInterrupt, as Ctrl-C would.
+
+  A pytest started as a background job ignores SIGINT, and children inherit
+  an ignored signal; one with a handler is reset to the default at exec.
+  """
   if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
     yield
     return
@@ -219,7 +223,11 @@ def test_2x4_checkpoint_evaluates_the_same_on_one_device(run_2x4):
 
 @pytest.fixture(scope='module')
 def resumed_4x2(tmp_path_factory, data_dir, run_2x4) -> str:
-  """The 2 x 4 run as stopped after step 20, continued to 30 on 4 x 2."""
+  """The 2 x 4 run stopped after step 20, continued to 30 on 4 x 2.
+
+  Removing the checkpoints after step 20 leaves the workdir as if the run
+  had been stopped there (the metrics it logged later are cut on resume).
+  """
   workdir = str(tmp_path_factory.mktemp('moved') / 'run')
   shutil.copytree(run_2x4[0], workdir)
   for step in ('30', '40'):
@@ -254,7 +262,8 @@ EXIT_BOUND_S = HEARTBEAT_TIMEOUT_S + 5
 
 
 @pytest.fixture(scope='module')
-def dead_peers(tmp_path_factory, data_dir) -> dict[str, tuple[Job, dict]]:
+def dead_peers(tmp_path_factory,
+               data_dir) -> dict[str, tuple[Job, list[float | None]]]:
   """Two 2-process jobs whose process 1 is killed, or fails, mid-training.
 
   Both run at once to halve the launch time. Returns, for each, the job and
