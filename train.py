@@ -62,6 +62,22 @@ flags.DEFINE_integer('step', None, 'Checkpoint step for --mode=eval '
                      '(default: the newest).')
 flags.DEFINE_bool('library_logs', False, "Show Orbax's INFO logs (its "
                   'warnings and errors always show).')
+# Multi-host (README.md "Multi-host"): automatic on Cloud TPU VMs; elsewhere
+# every process gets the same address and count and its own id. The timeouts
+# are jax.distributed's defaults: a pod's hosts may start minutes apart, and a
+# slow host is not a dead one.
+flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0, '
+                    'where the coordination service listens (multi-host).')
+flags.DEFINE_integer('num_processes', None, 'Processes in the job '
+                     '(multi-host).')
+flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1 '
+                     '(multi-host).')
+flags.DEFINE_integer('heartbeat_timeout_seconds', 100, 'A process silent for '
+                     'this long is dead and the others exit (multi-host).')
+flags.DEFINE_integer('shutdown_timeout_seconds', 300, 'How long a finished '
+                     'process waits at exit for the others (multi-host).')
+flags.DEFINE_integer('initialization_timeout_seconds', 300, 'How long to '
+                     'wait for every process to connect (multi-host).')
 
 
 def _parse_flags(argv: list[str]) -> list[str]:
@@ -95,6 +111,23 @@ def main(argv: list[str]) -> None:
     logging.get_absl_handler().addFilter(_QuietOrbax())
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; every option is a --flag')
+  # After flag parsing, so that --help stays fast; before any other JAX use.
+  from meshfit import distributed  # noqa: PLC0415
+  from meshfit.errors import UsageError  # noqa: PLC0415
+
+  try:
+    _, num_processes = distributed.initialize(distributed.Options(
+        FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
+        FLAGS.heartbeat_timeout_seconds, FLAGS.shutdown_timeout_seconds,
+        FLAGS.initialization_timeout_seconds))
+  except UsageError as e:
+    _fail(str(e))
+  with distributed.exit_at_once_on_failure(num_processes):
+    _run()
+
+
+def _run() -> None:
+  """Trains or evaluates as the flags say (after the job is joined)."""
   import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
 
   from meshfit import config_lib, preemption, train_lib  # noqa: PLC0415
@@ -114,7 +147,8 @@ def main(argv: list[str]) -> None:
               else _overridden_keys())
       config = config_lib.merge_eval_overrides(saved, FLAGS.config, keys)
       if not any(k.startswith('mesh.') for k in _overridden_keys()):
-        config = config_lib.fit_saved_mesh(config, jax.device_count())
+        config = config_lib.fit_saved_mesh(config, jax.device_count(),
+                                           jax.local_device_count())
       result = train_lib.evaluate(config, FLAGS.workdir, FLAGS.step)
       print(json.dumps(result, indent=2))
   except UsageError as e:

@@ -221,16 +221,26 @@ def merge_eval_overrides(saved: ml_collections.ConfigDict,
   return merged
 
 
-def fit_saved_mesh(config: ml_collections.ConfigDict,
-                   num_devices: int) -> ml_collections.ConfigDict:
+def fit_saved_mesh(config: ml_collections.ConfigDict, num_devices: int,
+                   devices_per_process: int | None = None
+                   ) -> ml_collections.ConfigDict:
   """The saved mesh if it tiles these devices, else all devices on 'data'.
 
   A model trained on a pod is often evaluated on a smaller machine: the
   training mesh says nothing about how to evaluate, so an unfit one is
   replaced rather than refused.
+
+  Args:
+    config: the saved run config.
+    num_devices: devices in the job, over all hosts.
+    devices_per_process: devices of each process, when there are several
+      ('model' must fit inside one).
   """
   try:
-    sharding.mesh_shape(config.mesh.data, config.mesh.model, num_devices)
+    _, model = sharding.mesh_shape(config.mesh.data, config.mesh.model,
+                                   num_devices)
+    if devices_per_process is not None and devices_per_process < num_devices:
+      sharding.check_model_within_process(model, devices_per_process)
     return config
   except UsageError:
     fitted = ml_collections.ConfigDict(config.to_dict())

@@ -6,9 +6,10 @@ every logged value. Eval metrics are exact sums that the host adds up in
 float64, turned into original units at the end.
 """
 
+import collections
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -80,13 +81,34 @@ class RegressionSums(clu_metrics.Metric):
     return {name: float(np.mean(v)) for name, v in per_target.items()}
 
 
-def host_sum(batch_sums: list[RegressionSums],
-             num_targets: int) -> RegressionSums:
-  """Adds per-batch device sums on the host in float64."""
+def host_sum(batch_sums: Iterable[RegressionSums], num_targets: int,
+             max_in_flight: int) -> RegressionSums:
+  """Adds per-batch device sums on the host in float64.
+
+  Args:
+    batch_sums: the eval steps' outputs, dispatched lazily as they are drawn.
+    num_targets: T, the length of the per-target sums.
+    max_in_flight: how many dispatched batches may be unfinished. Queueing
+      every batch of a split at once deadlocks XLA:CPU's cross-process (gloo)
+      collectives.
+
+  Returns:
+    The sums over every batch, as float64 numpy values.
+  """
   total = RegressionSums.empty_host(num_targets)
-  for sums in jax.device_get(batch_sums):
+  pending = collections.deque()
+
+  def add_oldest():
+    nonlocal total
     total = jax.tree.map(lambda a, b: a + np.asarray(b, np.float64),
-                         total, sums)
+                         total, jax.device_get(pending.popleft()))
+
+  for sums in batch_sums:
+    pending.append(sums)
+    while len(pending) > max_in_flight:
+      add_oldest()
+  while pending:
+    add_oldest()
   return total
 
 

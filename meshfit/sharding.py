@@ -6,12 +6,17 @@ alone maps them to the two mesh axes:
   batch -> 'data'    examples are split over data-parallel devices
   mlp   -> 'model'   hidden features are split over model-parallel devices
   embed, out -> ()   kept whole (replicated)
+
+With several processes (hosts), 'model' stays within each host and 'data'
+spans the hosts: see `multiprocess_device_grid`.
 """
 
+import collections
 from collections.abc import Sequence
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from meshfit.errors import UsageError
@@ -65,16 +70,69 @@ def mesh_shape(data: int, model: int, num_devices: int) -> tuple[int, int]:
   return shape
 
 
+def check_model_within_process(model: int, devices_per_process: int) -> None:
+  """Raises UsageError unless the 'model' axis fits inside one process.
+
+  Args:
+    model: size of the mesh's 'model' axis.
+    devices_per_process: devices of each process (host).
+  """
+  if devices_per_process % model:
+    raise UsageError(
+        f'mesh.model={model} does not divide the {devices_per_process} '
+        "devices of each process: mesh axis 'model' must stay within a host "
+        "(only 'data' spans hosts); use a mesh.model that divides "
+        f'{devices_per_process}')
+
+
+def multiprocess_device_grid(shape: tuple[int, int],
+                             devices: Sequence[jax.Device]) -> np.ndarray:
+  """Arranges the devices of several processes as a (data, model) grid.
+
+  The hybrid (ICI x DCN) layout of TPU pods: each process's devices form a
+  (data / processes, model) block laid out for the host's own interconnect,
+  and the blocks are stacked along 'data' in process order. So 'model' (an
+  all-reduce every layer) never crosses the slower network between hosts,
+  and each process holds one contiguous block of every batch's rows.
+
+  Args:
+    shape: the (data, model) mesh shape, over all of `devices`.
+    devices: devices of every process, each with a `process_index`.
+
+  Returns:
+    An object array of devices of shape `shape`.
+
+  Raises:
+    UsageError: 'model' does not fit inside one process, or the processes
+      hold different numbers of devices.
+  """
+  per_process = collections.Counter(d.process_index for d in devices)
+  if len(set(per_process.values())) != 1:
+    raise UsageError(
+        f'processes hold different numbers of devices ({dict(per_process)}); '
+        'give every process the same number of devices')
+  devices_per_process = next(iter(per_process.values()))
+  model = shape[1]
+  check_model_within_process(model, devices_per_process)
+  return mesh_utils.create_hybrid_device_mesh(
+      (devices_per_process // model, model), (len(per_process), 1),
+      devices, process_is_granule=True)
+
+
 def make_mesh(data: int, model: int,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
   """Builds the (data, model) mesh over `devices` (default: all devices).
 
   Axes are Auto so that XLA's sharding propagation places the activations
-  and inserts the collectives implied by the parameter specs.
+  and inserts the collectives implied by the parameter specs. Devices of
+  several processes get the hybrid layout of `multiprocess_device_grid`.
   """
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(data, model, len(devices))
   axis_types = (jax.sharding.AxisType.Auto,) * 2
+  if len({d.process_index for d in devices}) > 1:
+    return Mesh(multiprocess_device_grid(shape, devices), AXES,
+                axis_types=axis_types)
   if devices == jax.devices():
     return jax.make_mesh(shape, AXES, axis_types=axis_types)
   return Mesh(np.array(devices).reshape(shape), AXES, axis_types=axis_types)

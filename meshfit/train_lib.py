@@ -62,10 +62,11 @@ def evaluate_table(setup: Setup, state: state_lib.TrainState, table: Table,
   if eval_step is None:
     eval_step = steps.jit_eval_step(setup.graphdef, setup.shardings,
                                     setup.mesh)
-  batch_sums = [eval_step(state, batch) for batch in loader.eval_batches(
+  batch_sums = (eval_step(state, batch) for batch in loader.eval_batches(
       table.x_NxF, table.y_NxT, batch_size=batch_size,
-      sharding=sharding.batch_sharding(setup.mesh))]
-  total = metrics.host_sum(batch_sums, table.y_NxT.shape[1])
+      sharding=sharding.batch_sharding(setup.mesh)))
+  total = metrics.host_sum(batch_sums, table.y_NxT.shape[1],
+                           MAX_STEPS_IN_FLIGHT)
   result = total.compute(np.asarray(jax.device_get(state.norm.y_std_T)))
   result['num_examples'] = int(total.count)
   return result
@@ -230,6 +231,7 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
             'train/grad_norm': summary['grad_norm'],
             'train/learning_rate': schedule(step - 1)})
       if step % config.eval_every_steps == 0 and not last:
+        watch.drain()  # train and eval steps share the in-flight bound
         with progress.timed('eval'):
           _write_eval(writer, step, evaluate_table(
               setup, state, splits.eval, config.eval_batch_size, eval_step))

@@ -103,3 +103,52 @@ def test_a_two_layer_block_needs_one_all_reduce():
   x = jax.device_put(jnp.ones((32, 10)), sharding.batch_sharding(mesh))
   hlo = jax.jit(forward).lower(state.params, x).compile().as_text()
   assert len(re.findall(r'= [^=]*all-reduce(?:-start)?\(', hlo)) == 1, hlo
+
+
+class _FakeDevice:
+  """Stands in for a device of another process: jax.devices() has one."""
+  platform = device_kind = 'cpu'
+
+  def __init__(self, process_index: int, local: int):
+    self.process_index, self.local = process_index, local
+    self.id = 1000 * process_index + local
+
+  def __repr__(self):
+    return f'p{self.process_index}d{self.local}'
+
+
+def _hosts(num_processes, per_process):
+  return [_FakeDevice(p, d) for p in range(num_processes)
+          for d in range(per_process)]
+
+
+@pytest.mark.parametrize('processes, per_process, shape', [
+    (2, 4, (4, 2)), (2, 4, (8, 1)), (2, 4, (2, 4)), (4, 2, (4, 2)),
+    (4, 2, (8, 1))])
+def test_multiprocess_grid_keeps_model_within_a_host(processes, per_process,
+                                                     shape):
+  grid = sharding.multiprocess_device_grid(shape,
+                                           _hosts(processes, per_process))
+  owner = np.vectorize(lambda d: d.process_index)(grid)
+  assert grid.shape == shape
+  assert sorted(d.id for d in grid.flat) == sorted(
+      d.id for d in _hosts(processes, per_process))
+  # Each row ('model' axis) belongs to one process, and each process owns a
+  # contiguous block of rows ('data' spans the hosts in process order).
+  assert all(len(set(row)) == 1 for row in owner)
+  rows_per_process = shape[0] // processes
+  np.testing.assert_array_equal(
+      owner[:, 0], np.repeat(np.arange(processes), rows_per_process))
+
+
+def test_multiprocess_grid_refuses_model_across_hosts():
+  with pytest.raises(UsageError, match=(
+      "mesh.model=4 does not divide the 2 devices of each process: mesh axis "
+      "'model' must stay within a host")):
+    sharding.multiprocess_device_grid((2, 4), _hosts(4, 2))
+
+
+def test_multiprocess_grid_refuses_uneven_hosts():
+  devices = _hosts(2, 4)[:-1]
+  with pytest.raises(UsageError, match='different numbers of devices'):
+    sharding.multiprocess_device_grid((7, 1), devices)

@@ -1,0 +1,32 @@
+"""Host-side metric sums."""
+
+import numpy as np
+
+from meshfit import metrics
+
+
+def _sums(count: float) -> metrics.RegressionSums:
+  one = np.ones(2, np.float32)
+  return metrics.RegressionSums(count=np.float32(count), sse_T=one,
+                                sae_T=2 * one, sum_z_T=one, sum_z2_T=one)
+
+
+def test_host_sum_adds_every_batch_with_at_most_two_in_flight(monkeypatch):
+  fetched = []
+
+  def device_get(x):
+    fetched.append(x)
+    return x
+
+  monkeypatch.setattr(metrics.jax, 'device_get', device_get)
+
+  def dispatched():
+    for i in range(10):
+      # Batches 0..i-1 are dispatched; all but the newest two are fetched.
+      assert i - len(fetched) <= 2, (i, len(fetched))
+      yield _sums(i)
+
+  total = metrics.host_sum(dispatched(), 2, max_in_flight=2)
+  assert len(fetched) == 10
+  assert total.count == sum(range(10)) and total.count.dtype == np.float64
+  np.testing.assert_array_equal(total.sae_T, [20.0, 20.0])

@@ -1,0 +1,329 @@
+"""One job across processes: train.py launched N times on 127.0.0.1 (gloo).
+
+Each process gets its own virtual CPU devices, as each host of a pod has its
+own chips. Launching is slow (every process imports TensorFlow), so each
+job runs once per module and several tests read it.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from configs import default
+from meshfit import metrics, train_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOB_TIMEOUT_S = 300
+RTOL = 1e-5
+
+# The run every topology must reproduce. A constant learning rate does not
+# depend on num_train_steps, so a run given fewer steps is the same run
+# stopped early.
+OVERRIDES = {
+    'num_train_steps': 40,
+    'model.hidden_sizes': (32, 32),
+    'optimizer.schedule': 'constant',
+    'batch_size': 64,
+    'eval_batch_size': 256,
+    'log_every_steps': 10,
+    'eval_every_steps': 20,
+    'checkpoint_every_steps': 10,
+    'mesh.model': 2,
+}
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def _flags(data_dir: str, **changes) -> list[str]:
+  values = {**OVERRIDES, 'dataset.data_dir': data_dir, **changes}
+  return [f'--config.{k}={v}' for k, v in values.items()]
+
+
+@contextlib.contextmanager
+def _sigint_deliverable():
+  """Lets children turn SIGINT into KeyboardInterrupt, as Ctrl-C would.
+
+  A pytest started as a background job ignores SIGINT, and children inherit
+  an ignored signal; one with a handler is reset to the default at exec.
+  """
+  if signal.getsignal(signal.SIGINT) != signal.SIG_IGN:
+    yield
+    return
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class Job:
+  """N train.py processes joined through a coordinator on a free port."""
+
+  def __init__(self, logdir: str, num_processes: int,
+               devices_per_process: int, args: list[str]):
+    os.makedirs(logdir, exist_ok=True)
+    port = _free_port()
+    env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count='
+               f'{devices_per_process}')
+    self.logs = [os.path.join(logdir, f'p{i}.log')
+                 for i in range(num_processes)]
+    self.procs = []
+    with _sigint_deliverable():
+      for i, log in enumerate(self.logs):
+        with open(log, 'w', encoding='utf-8') as f:
+          self.procs.append(subprocess.Popen(
+              [sys.executable, 'train.py', *args,
+               f'--coordinator_address=127.0.0.1:{port}',
+               f'--num_processes={num_processes}', f'--process_id={i}'],
+              cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT))
+
+  def log(self, i: int) -> str:
+    with open(self.logs[i], encoding='utf-8') as f:
+      return f.read()
+
+  def wait(self, timeout: float = JOB_TIMEOUT_S) -> list[int]:
+    """Every process's exit status; kills them all after `timeout`."""
+    deadline = time.monotonic() + timeout
+    try:
+      return [p.wait(timeout=max(deadline - time.monotonic(), 0))
+              for p in self.procs]
+    except subprocess.TimeoutExpired:
+      self.kill()
+      pytest.fail(f'job still running after {timeout} s\n{self.tails()}')
+
+  def check(self) -> None:
+    codes = self.wait()
+    assert codes == [0] * len(codes), self.tails()
+
+  def kill(self) -> None:
+    for p in self.procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+
+  def tails(self, chars: int = 3000) -> str:
+    return '\n'.join(f'--- process {i} ---\n{self.log(i)[-chars:]}'
+                     for i in range(len(self.procs)))
+
+
+def _run_job(tmp_path_factory, name, num_processes, devices_per_process,
+             args) -> Job:
+  job = Job(str(tmp_path_factory.mktemp(name)), num_processes,
+            devices_per_process, args)
+  job.check()
+  return job
+
+
+def _one_process(args: list[str], devices: int) -> subprocess.CompletedProcess:
+  env = dict(os.environ,
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  proc = subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT,
+                        env=env, capture_output=True, text=True,
+                        timeout=JOB_TIMEOUT_S)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
+def _train_in_process(data_dir: str, workdir: str, **changes) -> None:
+  """1 process x 8 devices: the pytest process itself (conftest.py)."""
+  config = default.get_config()
+  for key, value in {**OVERRIDES, 'dataset.data_dir': data_dir,
+                     **changes}.items():
+    *parents, leaf = key.split('.')
+    node = config
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  train_lib.train_and_evaluate(config, workdir)
+
+
+def _scalars(workdir: str, name: str) -> dict[int, float]:
+  records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  steps = [r['step'] for r in records if name in r]
+  assert len(steps) == len(set(steps)), f'{name} logged twice: {steps}'
+  return {r['step']: r[name] for r in records if name in r}
+
+
+def _assert_close(got: dict[int, float], expected: dict[int, float]) -> None:
+  assert got.keys() == expected.keys()
+  for step, value in expected.items():
+    assert got[step] == pytest.approx(value, rel=RTOL), f'step {step}'
+
+
+def _assert_same_run(workdir: str, reference: str) -> None:
+  """Every logged loss and every evaluation of `reference` match."""
+  _assert_close(_scalars(workdir, 'train/loss'),
+                _scalars(reference, 'train/loss'))
+  expected = _scalars(reference, 'eval/rmse')
+  # A stopped phase also evaluated where it stopped; the reference did not.
+  got = _scalars(workdir, 'eval/rmse')
+  assert got.keys() >= expected.keys()
+  _assert_close({step: got[step] for step in expected}, expected)
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory, data_dir) -> str:
+  """40 steps on 1 process x 8 devices: the run that never changes."""
+  workdir = str(tmp_path_factory.mktemp('ref_1x8'))
+  _train_in_process(data_dir, workdir)
+  return workdir
+
+
+@pytest.fixture(scope='module')
+def run_2x4(tmp_path_factory, data_dir) -> tuple[str, Job]:
+  """The same 40 steps on 2 processes x 4 devices."""
+  workdir = str(tmp_path_factory.mktemp('run_2x4') / 'run')
+  job = _run_job(tmp_path_factory, 'logs_2x4', 2, 4,
+                 [f'--workdir={workdir}', *_flags(data_dir)])
+  return workdir, job
+
+
+def test_2x4_logs_the_losses_of_1x8(run_2x4, reference):
+  workdir, _ = run_2x4
+  losses = _scalars(workdir, 'train/loss')
+  assert sorted(losses) == [10, 20, 30, 40]
+  _assert_close(losses, _scalars(reference, 'train/loss'))
+  _assert_close(_scalars(workdir, 'eval/rmse'),
+                _scalars(reference, 'eval/rmse'))
+
+
+def test_only_process_0_writes_and_every_process_says_who_it_is(run_2x4):
+  workdir, job = run_2x4
+  # Each scalar once (_scalars checks), one TensorBoard file, one config.
+  _scalars(workdir, 'train/loss')
+  events = [f for f in os.listdir(workdir) if 'tfevents' in f]
+  assert len(events) == 1, events
+  assert os.path.exists(os.path.join(workdir, 'config.json'))
+  for i in range(2):
+    log = job.log(i)
+    assert f'[p{i}/2] ' in log and f'[p{1 - i}/2] ' not in log
+    assert 'train/loss=' in log  # process 1 logs to the console only
+
+
+def test_2x4_checkpoint_evaluates_the_same_on_one_device(run_2x4):
+  workdir, _ = run_2x4
+  trained = _scalars(workdir, 'eval/rmse')[40]
+  proc = _one_process(['--mode=eval', f'--workdir={workdir}'], devices=1)
+  result = json.loads(proc.stdout[proc.stdout.index('{'):])
+  assert result['step'] == 40 and result['num_examples'] == 10_000
+  assert result['rmse'] == pytest.approx(trained, rel=RTOL)
+
+
+@pytest.fixture(scope='module')
+def resumed_4x2(tmp_path_factory, data_dir, run_2x4) -> str:
+  """The 2 x 4 run stopped after step 20, continued to 30 on 4 x 2.
+
+  Removing the checkpoints after step 20 leaves the workdir as if the run
+  had been stopped there (the metrics it logged later are cut on resume).
+  """
+  workdir = str(tmp_path_factory.mktemp('moved') / 'run')
+  shutil.copytree(run_2x4[0], workdir)
+  for step in ('30', '40'):
+    shutil.rmtree(os.path.join(workdir, 'checkpoints', step))
+  _run_job(tmp_path_factory, 'logs_4x2', 4, 2,
+           [f'--workdir={workdir}', *_flags(data_dir, num_train_steps=30)])
+  assert sorted(_scalars(workdir, 'train/loss')) == [10, 20, 30]
+  return workdir
+
+
+def test_2x4_then_4x2_then_1x8_ends_as_the_unchanged_run(
+    resumed_4x2, reference, data_dir, tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(resumed_4x2, workdir)
+  _train_in_process(data_dir, workdir)
+  _assert_same_run(workdir, reference)
+
+
+def test_2x4_then_4x2_then_1x1_ends_as_the_unchanged_run(
+    resumed_4x2, reference, data_dir, tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(resumed_4x2, workdir)
+  _one_process([f'--workdir={workdir}',
+                *_flags(data_dir, **{'mesh.model': 1})], devices=1)
+  _assert_same_run(workdir, reference)
+
+
+# A dead peer. The documented bound (README.md, "Multi-host"): the others exit
+# within --heartbeat_timeout_seconds plus a few seconds.
+HEARTBEAT_TIMEOUT_S = 10
+EXIT_BOUND_S = HEARTBEAT_TIMEOUT_S + 5
+
+
+@pytest.fixture(scope='module')
+def dead_peers(tmp_path_factory,
+               data_dir) -> dict[str, tuple[Job, list[float | None]]]:
+  """Two 2-process jobs whose process 1 is killed, or fails, mid-training.
+
+  Both run at once to halve the launch time. Returns, for each, the job and
+  the seconds from the signal to each process's exit (None: still running
+  after three times the bound, then killed).
+  """
+  signals = {'killed': signal.SIGKILL, 'failed': signal.SIGINT}
+  jobs = {}
+  for name in signals:
+    workdir = str(tmp_path_factory.mktemp(f'dead_{name}') / 'run')
+    jobs[name] = Job(
+        str(tmp_path_factory.mktemp(f'logs_dead_{name}')), 2, 4,
+        [f'--workdir={workdir}',
+         f'--heartbeat_timeout_seconds={HEARTBEAT_TIMEOUT_S}',
+         *_flags(data_dir, num_train_steps=1_000_000,
+                 eval_every_steps=1_000_000,
+                 checkpoint_every_steps=1_000_000)])
+  procs = [p for job in jobs.values() for p in job.procs]
+  try:
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not all('] [20] train/' in job.log(i)
+                  for job in jobs.values() for i in range(2)):
+      if (time.monotonic() > deadline
+          or any(p.poll() is not None for p in procs)):
+        pytest.fail('jobs did not reach step 20:\n' + '\n'.join(
+            job.tails() for job in jobs.values()))
+      time.sleep(0.5)
+    for name, job in jobs.items():
+      job.procs[1].send_signal(signals[name])
+    start = time.monotonic()
+    exited = {}
+    # Polled past the bound, so that a slow exit is measured, not cut short.
+    while len(exited) < len(procs) and (
+        time.monotonic() - start < 3 * EXIT_BOUND_S):
+      for p in procs:
+        if p not in exited and p.poll() is not None:
+          exited[p] = time.monotonic() - start
+      time.sleep(0.1)
+    return {name: (job, [exited.get(p) for p in job.procs])
+            for name, job in jobs.items()}
+  finally:
+    for job in jobs.values():
+      job.kill()
+
+
+def test_a_killed_process_stops_the_other_within_the_bound(dead_peers):
+  job, seconds = dead_peers['killed']
+  assert seconds[0] is not None and seconds[0] <= EXIT_BOUND_S, (
+      seconds, job.tails())
+  assert job.procs[0].returncode != 0
+  assert 'stopped sending heartbeats' in job.log(0), job.tails()
+
+
+def test_a_failing_process_leaves_at_once_and_the_other_follows(dead_peers):
+  job, seconds = dead_peers['failed']
+  # Without leaving at once, the failed process would wait at jax's shutdown
+  # barrier (300 s) for a peer stuck in a collective.
+  assert job.procs[1].returncode == 1, job.tails()
+  assert 'KeyboardInterrupt' in job.log(1)
+  assert seconds[1] is not None and seconds[1] <= EXIT_BOUND_S, seconds
+  assert seconds[0] is not None and seconds[0] <= EXIT_BOUND_S, (
+      seconds, job.tails())
+  assert job.procs[0].returncode != 0
