@@ -327,3 +327,27 @@ def test_a_failing_process_leaves_at_once_and_the_other_follows(dead_peers):
   assert seconds[0] is not None and seconds[0] <= EXIT_BOUND_S, (
       seconds, job.tails())
   assert job.procs[0].returncode != 0
+
+
+def test_sigterm_to_one_host_stops_every_host_at_the_same_saved_step(
+    tmp_path_factory, data_dir):
+  """A maintenance event on one host: the job saves one step and exits 143."""
+  workdir = str(tmp_path_factory.mktemp('preempted') / 'run')
+  args = [f'--workdir={workdir}',
+          *_flags(data_dir, num_train_steps=1_000_000,
+                  checkpoint_every_steps=1_000_000, log_every_steps=5)]
+  job = Job(os.path.join(workdir + '_logs'), 2, 4, args)
+  deadline = time.monotonic() + JOB_TIMEOUT_S
+  logged = os.path.join(workdir, 'metrics.jsonl')
+  while not (os.path.exists(logged) and _scalars(workdir, 'train/loss')):
+    assert time.monotonic() < deadline and all(
+        p.poll() is None for p in job.procs), job.tails()
+    time.sleep(0.1)
+  job.procs[1].send_signal(signal.SIGTERM)
+  codes = job.wait(timeout=60)
+  assert codes == [143, 143], job.tails()
+  saved = os.listdir(os.path.join(workdir, 'checkpoints'))
+  assert len(saved) == 1, saved  # one step, saved by both hosts together
+  step = int(saved[0])
+  assert f'checkpoint of step {step}' in job.log(0)
+  assert f'checkpoint of step {step}' in job.log(1)
