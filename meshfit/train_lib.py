@@ -56,6 +56,39 @@ def make_setup(config: ml_collections.ConfigDict, num_features: int,
                state_lib.state_shardings(spec, tx, mesh))
 
 
+def restore(ckpt: checkpointing.Checkpointer, setup: Setup,
+            step: int) -> state_lib.TrainState:
+  """The state of checkpoint `step` on `setup`'s mesh (eval and predict).
+
+  Raises:
+    UsageError: the checkpoint cannot be read.
+  """
+  try:
+    return ckpt.restore_state(
+        step, state_lib.abstract_state(setup.spec, setup.tx, setup.mesh))
+  except checkpointing.DamagedCheckpointError as e:
+    raise UsageError(f'the checkpoint of step {step} in {ckpt.directory} '
+                     f'cannot be read ({str(e).splitlines()[0][:200]}); '
+                     'pick another with --step') from None
+
+
+def predict_table(setup: Setup, state: state_lib.TrainState,
+                  x_NxF: np.ndarray, batch_size: int) -> np.ndarray:
+  """Predictions (original units) for every row of `x_NxF`, in order.
+
+  Batches are sharded over the mesh; the last one is padded and the padding
+  dropped. Every process returns all N rows.
+  """
+  predict_step = steps.jit_predict_step(setup.graphdef, setup.shardings,
+                                        setup.mesh)
+  preds = [predict_step(state, batch['x']) for batch in loader.eval_batches(
+      x_NxF, None, batch_size=batch_size,
+      sharding=sharding.batch_sharding(setup.mesh))]
+  if not preds:
+    return np.zeros((0, setup.spec.num_targets), np.float32)
+  return np.concatenate(jax.device_get(preds))[:x_NxF.shape[0]]
+
+
 def evaluate_table(setup: Setup, state: state_lib.TrainState, table: Table,
                    batch_size: int, eval_step=None) -> dict[str, float]:
   """mse, rmse, mae, r2 (original units) over every example of `table`."""
@@ -171,13 +204,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
           workdir, max_to_keep=config.max_checkpoints_to_keep)
       try:
         state, position = _restore_or_init(config, setup, ckpt, splits.train)
-        return _train(config, workdir, setup, splits, ckpt, preemption,
-                      state, position)
+        final = _train(config, workdir, setup, splits, ckpt, preemption,
+                       state, position)
       finally:
         ckpt.wait()
         ckpt.close()
   finally:
     preemption.close()
+  return final
 
 
 def _train(config, workdir, setup, splits, ckpt, preemption, state,
@@ -208,7 +242,10 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
     nonlocal last_saved
     watch.drain()  # never save a state whose loss was not checked
     ckpt.save(step, state, {'data_position': batches.position,
-                            'config': config.to_dict()})
+                            'config': config.to_dict(),
+                            # What --mode=predict reads from a user's file.
+                            'feature_names': splits.train.feature_names,
+                            'target_names': splits.train.target_names})
     last_saved = step
 
   logging.info('Training steps %d..%d on a %s mesh.', initial_step + 1,
@@ -285,13 +322,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str,
     step = ckpt.step_to_restore(step)
     table = input_pipeline.load_eval_split(config.dataset)
     setup = make_setup(config, table.x_NxF.shape[1], table.y_NxT.shape[1])
-    try:
-      state = ckpt.restore_state(
-          step, state_lib.abstract_state(setup.spec, setup.tx, setup.mesh))
-    except checkpointing.DamagedCheckpointError as e:
-      raise UsageError(f'the checkpoint of step {step} in {ckpt.directory} '
-                       f'cannot be read ({str(e).splitlines()[0][:200]}); '
-                       'pick another with --step') from None
+    state = restore(ckpt, setup, step)
   finally:
     ckpt.close()
   scores = evaluate_table(setup, state, table, config.eval_batch_size)
