@@ -21,8 +21,8 @@ from jax.sharding import Mesh
 import input_pipeline
 from input_pipeline import loader
 from input_pipeline.tables import Table
-from meshfit import (checkpointing, config_lib, metrics, optim, sharding,
-                     state as state_lib, steps, workdir_lock)
+from meshfit import (checkpointing, config_lib, metrics, optim, plots,
+                     sharding, state as state_lib, steps, workdir_lock)
 from meshfit.errors import UsageError
 from meshfit.preemption import Preempted, PreemptionWatch
 from meshfit.normalization import Normalizer
@@ -211,6 +211,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
         ckpt.close()
   finally:
     preemption.close()
+  if jax.process_index() == 0:
+    plots.write_loss_curve(workdir, config.dataset.name,
+                           splits.train.target_names)
   return final
 
 
@@ -306,7 +309,10 @@ def _write_eval(writer, step: int, result: dict[str, float]) -> None:
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str,
              step: int | None = None) -> dict[str, float | int | str]:
-  """Evaluates a saved checkpoint on the eval split; writes eval/step_N.json.
+  """Evaluates a saved checkpoint on the eval split.
+
+  Writes eval/step_N.json and eval/step_N_predictions.png (predicted against
+  actual, and residuals).
 
   Args:
     config: the run's saved config (evaluation keys may be overridden).
@@ -326,6 +332,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str,
   finally:
     ckpt.close()
   scores = evaluate_table(setup, state, table, config.eval_batch_size)
+  pred_NxT = predict_table(setup, state, table.x_NxF, config.eval_batch_size)
   result = {'step': step, 'split': config.dataset.eval_split,
             'num_examples': scores['num_examples'],
             **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')}}
@@ -336,4 +343,10 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str,
       json.dump(result, f, indent=2)
       f.write('\n')
     os.replace(path + '.tmp', path)
+    plots.write_predictions_figure(
+        os.path.join(workdir, 'eval', f'step_{step}_predictions.png'),
+        table.y_NxT, pred_NxT, table.target_names,
+        title=(f'{os.path.basename(os.path.abspath(workdir))}: step {step}, '
+               f'split {config.dataset.eval_split!r} of '
+               f'{config.dataset.name}'))
   return result

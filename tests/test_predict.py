@@ -1,7 +1,8 @@
-"""--mode=predict end to end."""
+"""--mode=predict end to end, and the pictures that eval and training draw."""
 
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from meshfit import predict_lib
 from meshfit.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
 def run(*args, devices=4, check=None):
@@ -161,6 +163,32 @@ def test_a_checkpoint_without_column_names_is_refused():
     predict_lib.column_names({'config': {}, 'data_position': 0}, 5, 'ckpts')
 
 
+def _png_size(path) -> tuple[int, int]:
+  """(width, height) from the PNG header; fails on anything but a PNG."""
+  with open(path, 'rb') as f:
+    head = f.read(24)
+  assert head[:8] == PNG_MAGIC and head[12:16] == b'IHDR', path
+  return struct.unpack('>II', head[16:24])
+
+
+def test_training_and_eval_draw_readable_pictures(csv_run):
+  _, workdir, _ = csv_run
+  run('--mode=eval', f'--workdir={workdir}', '--step=150', check=0)
+  import matplotlib.image  # noqa: PLC0415
+  sizes = {}
+  for name in ('loss_curve.png', 'eval/step_150_predictions.png'):
+    path = os.path.join(workdir, name)
+    width, height = sizes[name] = _png_size(path)
+    assert 600 <= width <= 2000 and 300 <= height <= 2000, (name, width,
+                                                            height)
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[:2] == (height, width)
+    assert pixels.std() > 0.05  # something is drawn on the white canvas
+  # One row of panels per target: two targets, a taller figure.
+  assert (sizes['eval/step_150_predictions.png'][1]
+          > 1.5 * sizes['loss_curve.png'][1])
+
+
 def test_synthetic_runs_predict_from_x0_x9_style_columns(tmp_path):
   """Generated datasets have no file: their names are x0.. and y."""
   from configs import linear  # noqa: PLC0415
@@ -183,3 +211,4 @@ def test_synthetic_runs_predict_from_x0_x9_style_columns(tmp_path):
   pred = pd.read_csv(tmp_path / 'pred.csv')['y_pred'].to_numpy(np.float64)
   rmse = np.sqrt(np.mean((pred - test.y_NxT[:, 0]) ** 2))
   assert rmse == pytest.approx(scores['rmse'], rel=1e-6)
+  assert os.path.exists(os.path.join(workdir, 'loss_curve.png'))
