@@ -19,7 +19,7 @@ def data_dir(tmp_path_factory) -> str:
   """One TFDS data dir for the whole session, with both synthetic configs."""
   from input_pipeline import tables  # noqa: PLC0415
   path = str(tmp_path_factory.mktemp('tfds'))
-  for name in tables.KNOWN_DATASETS:
+  for name in tables.GENERATED_DATASETS:
     tables.prepare(name, path)
   return path
 
