@@ -246,10 +246,12 @@ def mean_and_se(values: list[float]) -> tuple[float, float]:
   return float(a.mean()), float(se)
 
 
-def _number(x: float) -> str:
-  """Three significant digits below 1 (wine: 0.657 vs 0.654), else two
-  decimals, as the published tables."""
-  return f'{x:.3g}' if abs(x) < 1 else f'{x:.2f}'
+def _mean_se(mean: float, se: float) -> str:
+  """'mean ± se' with two decimals from 1 up, else three significant digits
+  (wine: 0.657 against 0.654), the standard error to as many decimals."""
+  decimals = 2 if abs(mean) >= 1 or mean == 0 else (
+      2 - math.floor(math.log10(abs(mean))))
+  return f'{mean:.{decimals}f} ± {se:.{decimals}f}'
 
 
 def compare(name: str, mean: float, se: float) -> tuple[str, str]:
@@ -272,11 +274,12 @@ def markdown_table(results: dict[str, dict]) -> str:
   for name, r in results.items():
     (pbp, pbp_se), (mc, mc_sd), rerun, ols = PUBLISHED[name]
     beats_ols, vs_rerun = compare(name, r['rmse_mean'], r['rmse_se'])
+    # The published numbers as printed in their sources.
     lines.append(
-        f'| {name} | {r["n_splits"]} | {_number(r["rmse_mean"])} ± '
-        f'{_number(r["rmse_se"])} | {_number(pbp)} ± {_number(pbp_se)} | '
-        f'{_number(mc)} ± {_number(mc_sd)} | {_number(rerun)} | '
-        f'{_number(ols)} | {beats_ols} | {vs_rerun} | '
+        f'| {name} | {r["n_splits"]} | '
+        f'{_mean_se(r["rmse_mean"], r["rmse_se"])} | {pbp:.2f} ± '
+        f'{pbp_se:.2f} | {mc:.2f} ± {mc_sd:.2f} | {rerun:g} | {ols:g} | '
+        f'{beats_ols} | {vs_rerun} | '
         f'{r["seconds"] / 60:.1f} min ({r["cpu_seconds"] / 60:.1f}) |')
   verdicts = [compare(n, r['rmse_mean'], r['rmse_se'])
               for n, r in results.items()]

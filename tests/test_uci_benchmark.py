@@ -106,6 +106,16 @@ def test_two_yacht_splits_end_to_end_beat_least_squares(tmp_path):
   assert results['yacht']['rmse_mean'] < 8.97 / 2
   table = [line for line in proc.stdout.splitlines() if line.startswith('|')]
   assert table[0].startswith('| data set | splits | meshfit | PBP |')
-  assert table[2].startswith(
-      f'| yacht | 2 | {uci._number(results["yacht"]["rmse_mean"])} ± ')
-  assert '| 1.23 | 8.97 | yes |' in table[2]
+  mean, se = results['yacht']['rmse_mean'], results['yacht']['rmse_se']
+  assert table[2].startswith(f'| yacht | 2 | {mean:.2f} ± {se:.2f} | '
+                             '1.02 ± 0.05 | 1.11 ± 0.38 | 1.23 | 8.97 | yes |')
+
+
+def test_table_rounds_small_errors_to_three_significant_digits():
+  table = uci.markdown_table({'naval': dict(
+      rmse_mean=0.000443, rmse_se=0.0000123, n_splits=20, seconds=60,
+      cpu_seconds=50)})
+  assert '| naval | 20 | 0.000443 ± 0.000012 | 0.01 ± 0.00 |' in table
+  assert '| 0.00173 | 0.0059 | yes | beats | 1.0 min (0.8) |' in table
+  assert 'Beats OLS on 1 of 1; matches or beats the single-network re-run ' \
+         'on 1 of 1.' in table
