@@ -107,7 +107,7 @@ def test_two_yacht_splits_end_to_end_beat_least_squares(tmp_path):
   table = [line for line in proc.stdout.splitlines() if line.startswith('|')]
   assert table[0].startswith('| data set | splits | meshfit | PBP |')
   mean, se = results['yacht']['rmse_mean'], results['yacht']['rmse_se']
-  assert table[2].startswith(f'| yacht | 2 | {mean:.2f} ± {se:.2f} | '
+  assert table[2].startswith(f'| yacht | 2 | {uci._mean_se(mean, se)} | '
                              '1.02 ± 0.05 | 1.11 ± 0.38 | 1.23 | 8.97 | yes |')
 
 
