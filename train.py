@@ -56,10 +56,18 @@ except Exception as e:  # noqa: BLE001 (user input: reported, not a crash)
   _fail(_config_error(e, sys.argv))
 flags.DEFINE_string('workdir', 'runs/default', 'Run directory: config.json, '
                     'checkpoints/, metrics.jsonl, TensorBoard events, eval/.')
-flags.DEFINE_enum('mode', 'train', ['train', 'eval'],
-                  'train (resumes if the workdir holds a run) or eval.')
-flags.DEFINE_integer('step', None, 'Checkpoint step for --mode=eval '
-                     '(default: the newest).')
+flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'predict'],
+                  'train (resumes if the workdir holds a run), eval, or '
+                  'predict (--input to --output).')
+flags.DEFINE_integer('step', None, 'Checkpoint step for --mode=eval and '
+                     '--mode=predict (default: the newest).')
+flags.DEFINE_string('input', None, '--mode=predict: CSV or Parquet file with '
+                    'the feature columns (by name; others are ignored).')
+flags.DEFINE_string('output', None, '--mode=predict: CSV or Parquet file to '
+                    'write: the input rows in order, one <target>_pred column '
+                    'per target.')
+flags.DEFINE_list('keep_columns', [], '--mode=predict: input columns copied '
+                  'into the output, e.g. --keep_columns=id,date.')
 flags.DEFINE_bool('library_logs', False, "Show Orbax's INFO logs (its "
                   'warnings and errors always show).')
 # Multi-host (README.md "Multi-host"): automatic on Cloud TPU VMs; elsewhere
@@ -92,6 +100,22 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _fail(_config_error(e, argv))
 
 
+def _predict_flags_error() -> str | None:
+  """What is wrong with --input/--output/--keep_columns for this mode."""
+  given = [f'--{n}' for n in ('input', 'output', 'keep_columns')
+           if FLAGS[n].present]
+  if FLAGS.mode != 'predict':
+    if given:
+      return (f'{", ".join(given)}: only for --mode=predict, not '
+              f'--mode={FLAGS.mode}; add --mode=predict or drop them')
+    return None
+  missing = [f'--{n}' for n in ('input', 'output') if not FLAGS[n].value]
+  if missing:
+    return (f'--mode=predict needs {" and ".join(missing)}, e.g. '
+            '--input=new_rows.csv --output=predictions.csv')
+  return None
+
+
 def _overridden_keys() -> list[str]:
   """Config keys set on the command line with --config.KEY=VALUE."""
   return [name[len('config.'):] for name in FLAGS
@@ -111,6 +135,8 @@ def main(argv: list[str]) -> None:
     logging.get_absl_handler().addFilter(_QuietOrbax())
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; every option is a --flag')
+  if (message := _predict_flags_error()) is not None:
+    _fail(message)
   # After flag parsing, so that --help stays fast; before any other JAX use.
   from meshfit import distributed  # noqa: PLC0415
   from meshfit.errors import UsageError  # noqa: PLC0415
@@ -127,10 +153,11 @@ def main(argv: list[str]) -> None:
 
 
 def _run() -> None:
-  """Trains or evaluates as the flags say (after the job is joined)."""
+  """Trains, evaluates or predicts as the flags say (after the job is joined)."""
   import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
 
-  from meshfit import config_lib, preemption, train_lib  # noqa: PLC0415
+  from meshfit import (config_lib, predict_lib, preemption,  # noqa: PLC0415
+                       train_lib)
   from meshfit.errors import UsageError  # noqa: PLC0415
 
   logging.info('JAX process %d/%d, local devices: %s', jax.process_index(),
@@ -138,8 +165,8 @@ def _run() -> None:
   try:
     if FLAGS.mode == 'train':
       if FLAGS.step is not None:
-        raise UsageError('--step is for --mode=eval; training always resumes '
-                         'from the newest checkpoint')
+        raise UsageError('--step is for --mode=eval and --mode=predict; '
+                         'training always resumes from the newest checkpoint')
       train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     else:
       saved = config_lib.load_json(os.path.join(FLAGS.workdir, 'config.json'))
@@ -149,7 +176,12 @@ def _run() -> None:
       if not any(k.startswith('mesh.') for k in _overridden_keys()):
         config = config_lib.fit_saved_mesh(config, jax.device_count(),
                                            jax.local_device_count())
-      result = train_lib.evaluate(config, FLAGS.workdir, FLAGS.step)
+      if FLAGS.mode == 'eval':
+        result = train_lib.evaluate(config, FLAGS.workdir, FLAGS.step)
+      else:
+        result = predict_lib.predict(config, FLAGS.workdir, FLAGS.input,
+                                     FLAGS.output, FLAGS.step,
+                                     FLAGS.keep_columns)
       print(json.dumps(result, indent=2))
   except UsageError as e:
     _fail(str(e))

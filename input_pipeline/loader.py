@@ -158,13 +158,20 @@ class TrainLoader:
     self._prefetcher.close()
 
 
-def eval_batches(x_NxF: np.ndarray, y_NxT: np.ndarray, *, batch_size: int,
+def eval_batches(x_NxF: np.ndarray, y_NxT: np.ndarray | None, *,
+                 batch_size: int,
                  sharding: NamedSharding) -> Iterator[dict[str, jax.Array]]:
   """Every example of a split exactly once, in table order.
 
   The last batch is padded with copies of row 0 and masked out, so every
   process runs the same number of steps, ceil(N / batch_size), and each
   example counts once whatever the batch size and device count.
+
+  Args:
+    x_NxF: features.
+    y_NxT: targets, or None for prediction (batches then have no 'y').
+    batch_size: global batch size.
+    sharding: the batch sharding.
 
   Yields:
     dicts `{'x': x_BxF, 'y': y_BxT, 'mask': mask_B}` of global arrays.
@@ -176,6 +183,8 @@ def eval_batches(x_NxF: np.ndarray, y_NxT: np.ndarray, *, batch_size: int,
     entries = start + np.arange(rows.start, rows.stop)
     mask = entries < n
     idx = np.where(mask, entries, 0)
-    local = {'x': x_NxF[idx], 'y': y_NxT[idx], 'mask': mask}
+    local = {'x': x_NxF[idx], 'mask': mask}
+    if y_NxT is not None:
+      local['y'] = y_NxT[idx]
     yield {name: jax.make_array_from_process_local_data(
         sharding, a, (batch_size,) + a.shape[1:]) for name, a in local.items()}

@@ -99,3 +99,17 @@ def jit_eval_step(graphdef: nnx.GraphDef, state_shardings: TrainState,
       in_shardings=(state_shardings,
                     {'x': batch, 'y': batch, 'mask': batch}),
       out_shardings=sharding.replicated(mesh))
+
+
+def jit_predict_step(graphdef: nnx.GraphDef, state_shardings: TrainState,
+                     mesh: Mesh) -> Callable[[TrainState, jax.Array],
+                                             jax.Array]:
+  """`predict` jitted once; predictions come back replicated.
+
+  Replicated, so that every process (process 0 writes the file) can read the
+  whole batch's predictions on the host.
+  """
+  return jax.jit(functools.partial(predict, graphdef),
+                 in_shardings=(state_shardings,
+                               sharding.batch_sharding(mesh)),
+                 out_shardings=sharding.replicated(mesh))

@@ -21,8 +21,8 @@ from jax.sharding import Mesh
 import input_pipeline
 from input_pipeline import loader
 from input_pipeline.tables import Table
-from meshfit import (checkpointing, config_lib, metrics, optim, sharding,
-                     state as state_lib, steps, workdir_lock)
+from meshfit import (checkpointing, config_lib, metrics, optim, plots,
+                     sharding, state as state_lib, steps, workdir_lock)
 from meshfit.errors import UsageError
 from meshfit.preemption import Preempted, PreemptionWatch
 from meshfit.normalization import Normalizer
@@ -54,6 +54,39 @@ def make_setup(config: ml_collections.ConfigDict, num_features: int,
   tx = optim.make_optimizer(config, config.num_train_steps)
   return Setup(mesh, spec, state_lib.graphdef(spec), tx,
                state_lib.state_shardings(spec, tx, mesh))
+
+
+def restore(ckpt: checkpointing.Checkpointer, setup: Setup,
+            step: int) -> state_lib.TrainState:
+  """The state of checkpoint `step` on `setup`'s mesh (eval and predict).
+
+  Raises:
+    UsageError: the checkpoint cannot be read.
+  """
+  try:
+    return ckpt.restore_state(
+        step, state_lib.abstract_state(setup.spec, setup.tx, setup.mesh))
+  except checkpointing.DamagedCheckpointError as e:
+    raise UsageError(f'the checkpoint of step {step} in {ckpt.directory} '
+                     f'cannot be read ({str(e).splitlines()[0][:200]}); '
+                     'pick another with --step') from None
+
+
+def predict_table(setup: Setup, state: state_lib.TrainState,
+                  x_NxF: np.ndarray, batch_size: int) -> np.ndarray:
+  """Predictions (original units) for every row of `x_NxF`, in order.
+
+  Batches are sharded over the mesh; the last one is padded and the padding
+  dropped. Every process returns all N rows.
+  """
+  predict_step = steps.jit_predict_step(setup.graphdef, setup.shardings,
+                                        setup.mesh)
+  preds = [predict_step(state, batch['x']) for batch in loader.eval_batches(
+      x_NxF, None, batch_size=batch_size,
+      sharding=sharding.batch_sharding(setup.mesh))]
+  if not preds:
+    return np.zeros((0, setup.spec.num_targets), np.float32)
+  return np.concatenate(jax.device_get(preds))[:x_NxF.shape[0]]
 
 
 def evaluate_table(setup: Setup, state: state_lib.TrainState, table: Table,
@@ -172,13 +205,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
           workdir, max_to_keep=config.max_checkpoints_to_keep)
       try:
         state, position = _restore_or_init(config, setup, ckpt, splits.train)
-        return _train(config, workdir, setup, splits, ckpt, preemption,
-                      state, position)
+        final = _train(config, workdir, setup, splits, ckpt, preemption,
+                       state, position)
       finally:
         ckpt.wait()
         ckpt.close()
   finally:
     preemption.close()
+  if jax.process_index() == 0:
+    plots.write_loss_curve(workdir, config.dataset.name,
+                           splits.train.target_names)
+  return final
 
 
 def _train(config, workdir, setup, splits, ckpt, preemption, state,
@@ -209,7 +246,10 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
     nonlocal last_saved
     watch.drain()  # never save a state whose loss was not checked
     ckpt.save(step, state, {'data_position': batches.position,
-                            'config': config.to_dict()})
+                            'config': config.to_dict(),
+                            # What --mode=predict reads from a user's file.
+                            'feature_names': splits.train.feature_names,
+                            'target_names': splits.train.target_names})
     last_saved = step
 
   logging.info('Training steps %d..%d on a %s mesh.', initial_step + 1,
@@ -271,7 +311,10 @@ def _write_eval(writer, step: int, result: dict[str, float]) -> None:
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str,
              step: int | None = None) -> dict[str, float | int | str]:
-  """Evaluates a saved checkpoint on the eval split; writes eval/step_N.json.
+  """Evaluates a saved checkpoint on the eval split.
+
+  Writes eval/step_N.json and eval/step_N_predictions.png (predicted against
+  actual, and residuals).
 
   Args:
     config: the run's saved config (evaluation keys may be overridden).
@@ -287,16 +330,11 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str,
     step = ckpt.step_to_restore(step)
     table = input_pipeline.load_eval_split(config.dataset)
     setup = make_setup(config, table.x_NxF.shape[1], table.y_NxT.shape[1])
-    try:
-      state = ckpt.restore_state(
-          step, state_lib.abstract_state(setup.spec, setup.tx, setup.mesh))
-    except checkpointing.DamagedCheckpointError as e:
-      raise UsageError(f'the checkpoint of step {step} in {ckpt.directory} '
-                       f'cannot be read ({str(e).splitlines()[0][:200]}); '
-                       'pick another with --step') from None
+    state = restore(ckpt, setup, step)
   finally:
     ckpt.close()
   scores = evaluate_table(setup, state, table, config.eval_batch_size)
+  pred_NxT = predict_table(setup, state, table.x_NxF, config.eval_batch_size)
   result = {'step': step, 'split': config.dataset.eval_split,
             'num_examples': scores['num_examples'],
             **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')}}
@@ -307,4 +345,10 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str,
       json.dump(result, f, indent=2)
       f.write('\n')
     os.replace(path + '.tmp', path)
+    plots.write_predictions_figure(
+        os.path.join(workdir, 'eval', f'step_{step}_predictions.png'),
+        table.y_NxT, pred_NxT, table.target_names,
+        title=(f'{os.path.basename(os.path.abspath(workdir))}: step {step}, '
+               f'split {config.dataset.eval_split!r} of '
+               f'{config.dataset.name}'))
   return result

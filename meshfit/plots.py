@@ -1,0 +1,142 @@
+"""The pictures a run leaves in its workdir, drawn with matplotlib (Agg).
+
+`loss_curve.png` (end of training): train/loss and eval/rmse against step.
+`eval/step_<N>_predictions.png` (--mode=eval): predicted against actual,
+and residuals against predicted, one row of panels per target.
+
+Figures are built with the object-oriented API (`Figure`, no pyplot), so no
+global backend or figure state is touched and nothing needs a display.
+"""
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from meshfit import metrics
+
+# Beyond this many points a scatter is a blot: draw a random subset instead.
+MAX_POINTS = 4000
+DPI = 110
+
+
+def _save(fig: Figure, path: str) -> None:
+  """Writes atomically: a reader never sees half a PNG."""
+  tmp = f'{path}.tmp.png'
+  fig.savefig(tmp, dpi=DPI)
+  os.replace(tmp, path)
+
+
+def _log_scale_helps(values: np.ndarray) -> bool:
+  """Positive values spread over more than a factor of 10."""
+  values = values[np.isfinite(values)]
+  return (values.size > 1 and values.min() > 0
+          and values.max() > 10 * values.min())
+
+
+def write_loss_curve(workdir: str, dataset: str,
+                     target_names: Sequence[str]) -> str | None:
+  """Draws workdir/loss_curve.png from workdir/metrics.jsonl.
+
+  Args:
+    workdir: the run's workdir.
+    dataset: the dataset's name, for the title.
+    target_names: the targets, for the eval axis label.
+
+  Returns:
+    The PNG's path, or None when metrics.jsonl holds no losses.
+  """
+  path = os.path.join(workdir, 'metrics.jsonl')
+  if not os.path.exists(path):
+    return None
+  records = metrics.read_jsonl(path)
+  train = np.array([(r['step'], r['train/loss']) for r in records
+                    if 'train/loss' in r], np.float64).reshape(-1, 2)
+  evals = np.array([(r['step'], r['eval/rmse']) for r in records
+                    if 'eval/rmse' in r], np.float64).reshape(-1, 2)
+  if not len(train) and not len(evals):
+    return None
+  fig = Figure(figsize=(10, 4), layout='constrained')
+  left, right = fig.subplots(1, 2, sharex=True)
+  rmse = (f'RMSE of {target_names[0]}' if len(target_names) == 1 else
+          f'mean RMSE over {", ".join(target_names)}')
+  panels = (
+      (left, train, 'train/loss', 'MSE, standardised units', 'tab:blue'),
+      (right, evals, 'eval/rmse', f'{rmse}, original units', 'tab:orange'))
+  for ax, curve, name, unit, color in panels:
+    ax.set_xlabel('step')
+    ax.set_ylabel(f'{name} ({unit})')
+    ax.grid(True, alpha=0.3)
+    if not len(curve):
+      ax.set_title(name)
+      ax.text(0.5, 0.5, f'no {name} recorded', ha='center', va='center',
+              transform=ax.transAxes)
+      continue
+    ax.set_title(f'{name}: {curve[-1, 1]:.4g} at step {curve[-1, 0]:.0f}')
+    # Markers only while they can be told apart.
+    ax.plot(curve[:, 0], curve[:, 1], color=color,
+            marker='o' if len(curve) <= 50 else None, markersize=3)
+    if _log_scale_helps(curve[:, 1]):
+      ax.set_yscale('log')
+  left.set_xlim(left=0)
+  last_step = max(c[-1, 0] for c in (train, evals) if len(c))
+  fig.suptitle(f'{os.path.basename(os.path.abspath(workdir))}: {dataset}, '
+               f'{last_step:.0f} steps')
+  out = os.path.join(workdir, 'loss_curve.png')
+  _save(fig, out)
+  return out
+
+
+def write_predictions_figure(path: str, y_NxT: np.ndarray,
+                             pred_NxT: np.ndarray,
+                             target_names: Sequence[str], title: str,
+                             seed: int = 0) -> str:
+  """Draws predicted against actual and residuals, one row per target.
+
+  Args:
+    path: the PNG to write.
+    y_NxT: actual values (original units).
+    pred_NxT: predictions (original units), rows matching `y_NxT`.
+    target_names: the T targets, for labels.
+    title: what was evaluated (run, step, split), shown on top.
+    seed: picks the subset drawn when there are more than MAX_POINTS rows.
+
+  Returns:
+    `path`.
+  """
+  n, num_targets = y_NxT.shape
+  shown = np.arange(n)
+  if n > MAX_POINTS:
+    shown = np.sort(np.random.default_rng(seed).choice(n, MAX_POINTS,
+                                                       replace=False))
+  # Dense clouds need transparency to show where most points lie.
+  alpha = float(np.clip(300 / len(shown), 0.15, 0.8)) if n else 1.0
+  fig = Figure(figsize=(10, 4.2 * num_targets), layout='constrained')
+  axes = np.asarray(fig.subplots(num_targets, 2, squeeze=False))
+  for t, name in enumerate(target_names):
+    y, pred = y_NxT[:, t].astype(np.float64), pred_NxT[:, t].astype(np.float64)
+    residual = pred - y
+    rmse = float(np.sqrt(np.mean(residual**2))) if n else float('nan')
+    left, right = axes[t]
+    left.scatter(y[shown], pred[shown], s=8, alpha=alpha, linewidths=0)
+    low = float(min(y.min(), pred.min())) if n else 0.0
+    high = float(max(y.max(), pred.max())) if n else 1.0
+    left.plot([low, high], [low, high], color='black', linewidth=1,
+              label='identity (perfect prediction)')
+    left.set_xlabel(f'actual {name}')
+    left.set_ylabel(f'predicted {name}')
+    left.set_title(f'{name}: predicted against actual (RMSE {rmse:.4g})')
+    left.legend(loc='upper left')
+    right.scatter(pred[shown], residual[shown], s=8, alpha=alpha,
+                  linewidths=0)
+    right.axhline(0.0, color='black', linewidth=1)
+    right.set_xlabel(f'predicted {name}')
+    right.set_ylabel(f'residual: predicted - actual {name}')
+    right.set_title(f'{name}: residuals against predicted')
+    for ax in (left, right):
+      ax.grid(True, alpha=0.3)
+  drawn = f', {len(shown):,} drawn at random' if len(shown) < n else ''
+  fig.suptitle(f'{title} ({n:,} examples{drawn})')
+  _save(fig, path)
+  return path

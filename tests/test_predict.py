@@ -1,0 +1,214 @@
+"""--mode=predict end to end, and the pictures that eval and training draw."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from meshfit import predict_lib
+from meshfit.errors import UsageError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+def run(*args, devices=4, check=None):
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  proc = subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300)
+  if check is not None:
+    assert proc.returncode == check, proc.stderr[-3000:]
+  return proc
+
+
+def _json(proc):
+  return json.loads(proc.stdout[proc.stdout.index('{'):])
+
+
+def _frame(n: int, seed: int) -> pd.DataFrame:
+  """y = 3 a - 2 b + 0.1 c and z = a b, with a text id column."""
+  rng = np.random.default_rng(seed)
+  a, b, c = rng.normal(size=(3, n))
+  return pd.DataFrame({'id': [f'r{seed}_{i}' for i in range(n)], 'a': a,
+                       'b': b, 'c': c, 'y': 3 * a - 2 * b + 0.1 * c,
+                       'z': a * b})
+
+
+@pytest.fixture(scope='module')
+def csv_run(tmp_path_factory):
+  """Two targets, trained by the CLI on a 2 x 2 mesh; checkpoints 150, 300."""
+  tmp = tmp_path_factory.mktemp('predict')
+  eval_ = _frame(77, 1)  # not a multiple of any batch: the last is padded
+  _frame(300, 0).to_csv(tmp / 'train.csv', index=False)
+  eval_.to_csv(tmp / 'eval.csv', index=False)
+  workdir = str(tmp / 'run')
+  run('--config=configs/csv.py', f'--workdir={workdir}',
+      f'--config.dataset.data_dir={tmp}/tfds',
+      f'--config.dataset.train_path={tmp}/train.csv',
+      f'--config.dataset.eval_path={tmp}/eval.csv',
+      "--config.dataset.target_columns=('y', 'z')",
+      "--config.dataset.feature_columns=('a', 'b', 'c')",
+      '--config.num_train_steps=300', '--config.checkpoint_every_steps=150',
+      '--config.eval_every_steps=150', '--config.log_every_steps=50',
+      '--config.eval_batch_size=32', '--config.mesh.model=2', check=0)
+  return tmp, workdir, eval_
+
+
+def test_predicting_the_eval_file_reproduces_the_eval_rmse(csv_run):
+  tmp, workdir, eval_ = csv_run
+  scores = _json(run('--mode=eval', f'--workdir={workdir}', check=0))
+  out = tmp / 'pred.csv'
+  summary = _json(run('--mode=predict', f'--workdir={workdir}',
+                      f'--input={tmp}/eval.csv', f'--output={out}',
+                      '--keep_columns=id', check=0))
+  assert summary['step'] == 300 and summary['num_examples'] == 77
+  pred = pd.read_csv(out)
+  assert list(pred.columns) == ['id', 'y_pred', 'z_pred']
+  assert list(pred['id']) == list(eval_['id'])  # the input's rows, in order
+  # eval/rmse is the mean over targets of each target's RMSE, in the
+  # targets' original units; it must come out of the written file alone.
+  per_target = [np.sqrt(np.mean((pred[f'{t}_pred'].to_numpy(np.float64)
+                                 - eval_[t].to_numpy(np.float32)) ** 2))
+                for t in ('y', 'z')]
+  assert np.mean(per_target) == pytest.approx(scores['rmse'], rel=1e-6)
+  # A trained model, not a constant: far below the targets' spread.
+  assert per_target[0] < 0.2 * eval_['y'].std()
+
+
+def test_columns_are_found_by_name_on_any_mesh_and_any_step(csv_run):
+  tmp, workdir, eval_ = csv_run
+  reference = tmp / 'reference.csv'
+  run('--mode=predict', f'--workdir={workdir}', f'--input={tmp}/eval.csv',
+      f'--output={reference}', check=0)
+  # Other column order, an extra text column, no targets, rows reversed,
+  # Parquet both ways, on one device instead of the 2 x 2 training mesh.
+  shuffled = eval_[['c', 'id', 'b', 'a']].iloc[::-1].assign(note='x')
+  shuffled.to_parquet(tmp / 'shuffled.parquet', index=False)
+  out = tmp / 'shuffled_pred.parquet'
+  run('--mode=predict', f'--workdir={workdir}',
+      f'--input={tmp}/shuffled.parquet', f'--output={out}',
+      '--keep_columns=note,id', devices=1, check=0)
+  pred = pd.read_parquet(out)
+  assert list(pred.columns) == ['note', 'id', 'y_pred', 'z_pred']
+  assert list(pred['id']) == list(eval_['id'][::-1])
+  expected = pd.read_csv(reference).iloc[::-1]
+  np.testing.assert_allclose(pred[['y_pred', 'z_pred']].to_numpy(),
+                             expected[['y_pred', 'z_pred']].to_numpy(),
+                             rtol=1e-5, atol=1e-5)
+  # --step picks another checkpoint: another model, other predictions.
+  earlier = tmp / 'step150.csv'
+  summary = _json(run('--mode=predict', f'--workdir={workdir}', '--step=150',
+                      f'--input={tmp}/eval.csv', f'--output={earlier}',
+                      check=0))
+  assert summary['step'] == 150
+  assert not np.allclose(pd.read_csv(earlier)['y_pred'],
+                         pd.read_csv(reference)['y_pred'])
+
+
+def _assert_usage_error(proc, message):
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: ') and message in last, last
+  assert 'Traceback' not in proc.stderr
+
+
+@pytest.mark.parametrize('case, message', [
+    ('missing_input', "'nope.csv' (--input) does not exist"),
+    ('missing_feature', "has no column 'b' (a feature the model was trained "
+                        'on)'),
+    ('bad_value', "(--input), column 'a', data row 3 (1-based, header not "
+                  "counted): '4,5' is not a number"),
+    ('missing_keep_column', "has no column 'key' (asked to keep it)"),
+    ('output_is_input', 'is the --input file'),
+    ('no_output', '--mode=predict needs --output'),
+    ('input_without_predict', '--input: only for --mode=predict, not '
+                              '--mode=eval'),
+    ('missing_step', 'no checkpoint of step 7'),
+])
+def test_bad_predict_requests_exit_2_and_write_nothing(csv_run, case,
+                                                       message):
+  tmp, workdir, eval_ = csv_run
+  path, out = tmp / f'{case}.csv', tmp / f'{case}_pred.csv'
+  frame = eval_.copy()
+  if case == 'missing_feature':
+    frame = frame.drop(columns='b')
+  elif case == 'bad_value':
+    frame = frame.astype({'a': object})
+    frame.loc[2, 'a'] = '4,5'
+  frame.to_csv(path, index=False)
+  args = {
+      'missing_input': ['--mode=predict', '--input=nope.csv',
+                        f'--output={out}'],
+      'missing_keep_column': ['--mode=predict', f'--input={path}',
+                              f'--output={out}', '--keep_columns=id,key'],
+      'output_is_input': ['--mode=predict', f'--input={path}',
+                          f'--output={path}'],
+      'no_output': ['--mode=predict', f'--input={path}'],
+      'input_without_predict': ['--mode=eval', f'--input={path}'],
+      'missing_step': ['--mode=predict', f'--input={path}', f'--output={out}',
+                       '--step=7'],
+  }.get(case, ['--mode=predict', f'--input={path}', f'--output={out}'])
+  _assert_usage_error(run(f'--workdir={workdir}', *args, devices=1), message)
+  assert not out.exists()
+
+
+def test_a_checkpoint_without_column_names_is_refused():
+  with pytest.raises(UsageError, match='does not record the column names'):
+    predict_lib.column_names({'config': {}, 'data_position': 0}, 5, 'ckpts')
+
+
+def _png_size(path) -> tuple[int, int]:
+  """(width, height) from the PNG header; fails on anything but a PNG."""
+  with open(path, 'rb') as f:
+    head = f.read(24)
+  assert head[:8] == PNG_MAGIC and head[12:16] == b'IHDR', path
+  return struct.unpack('>II', head[16:24])
+
+
+def test_training_and_eval_draw_readable_pictures(csv_run):
+  _, workdir, _ = csv_run
+  run('--mode=eval', f'--workdir={workdir}', '--step=150', check=0)
+  import matplotlib.image  # noqa: PLC0415
+  sizes = {}
+  for name in ('loss_curve.png', 'eval/step_150_predictions.png'):
+    path = os.path.join(workdir, name)
+    width, height = sizes[name] = _png_size(path)
+    assert 600 <= width <= 2000 and 300 <= height <= 2000, (name, width,
+                                                            height)
+    pixels = matplotlib.image.imread(path)
+    assert pixels.shape[:2] == (height, width)
+    assert pixels.std() > 0.05  # something is drawn on the white canvas
+  # One row of panels per target: two targets, a taller figure.
+  assert (sizes['eval/step_150_predictions.png'][1]
+          > 1.5 * sizes['loss_curve.png'][1])
+
+
+def test_synthetic_runs_predict_from_x0_x9_style_columns(tmp_path):
+  """Generated datasets have no file: their names are x0.. and y."""
+  from configs import linear  # noqa: PLC0415
+  from input_pipeline import tables  # noqa: PLC0415
+  from meshfit import train_lib  # noqa: PLC0415
+  config = linear.get_config()
+  config.dataset.data_dir = str(tmp_path / 'tfds')
+  config.num_train_steps = 50
+  workdir = str(tmp_path / 'run')
+  train_lib.train_and_evaluate(config, workdir)
+  scores = train_lib.evaluate(config, workdir)
+  builder = tables.prepare(config.dataset.name, config.dataset.data_dir)
+  test = tables.load_table(builder, 'test')
+  assert test.feature_names == ('x0',) and test.target_names == ('y',)
+  pd.DataFrame({'y': test.y_NxT[:, 0], 'x0': test.x_NxF[:, 0]}).to_csv(
+      tmp_path / 'test.csv', index=False)
+  summary = predict_lib.predict(config, workdir, str(tmp_path / 'test.csv'),
+                                str(tmp_path / 'pred.csv'))
+  assert summary['columns'] == ['y_pred']
+  pred = pd.read_csv(tmp_path / 'pred.csv')['y_pred'].to_numpy(np.float64)
+  rmse = np.sqrt(np.mean((pred - test.y_NxT[:, 0]) ** 2))
+  assert rmse == pytest.approx(scores['rmse'], rel=1e-6)
+  assert os.path.exists(os.path.join(workdir, 'loss_curve.png'))
