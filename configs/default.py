@@ -35,6 +35,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.activation = 'relu'
   # Dropout probability after each hidden activation during training.
   config.model.dropout_rate = 0.0
+  # Compute dtype of the matmuls' inputs: float32, or bfloat16 (mixed
+  # precision: products accumulate in float32, the loss is float32).
+  config.model.dtype = 'float32'
+  # Storage dtype of the parameters, optimizer moments and checkpoints.
+  config.model.param_dtype = 'float32'
 
   config.optimizer = ml_collections.ConfigDict()
   # sgd, adam or adamw.

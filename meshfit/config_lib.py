@@ -78,6 +78,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
            f'one of {", ".join(sorted(mlp.ACTIVATIONS))}')
   _require(0.0 <= config.model.dropout_rate < 1.0,
            f'model.dropout_rate={config.model.dropout_rate} must be in [0, 1)')
+  for key in ('model.dtype', 'model.param_dtype'):
+    _require(get(config, key) in mlp.DTYPES,
+             f'{key} {get(config, key)!r} is unknown; use one of '
+             f'{", ".join(mlp.DTYPES)}')
 
   opt = config.optimizer
   _require(opt.name in optim.OPTIMIZERS, f'optimizer.name {opt.name!r} is '
