@@ -76,4 +76,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Device mesh shape (data x model); -1 means "all remaining devices".
   config.mesh.data = -1
   config.mesh.model = 1
+
+  # JAX's persistent compilation cache: a restarted run loads its compiled
+  # steps from here instead of compiling them again. '' turns it off.
+  config.compilation_cache_dir = '~/.cache/meshfit/jax'
   return config

@@ -19,7 +19,8 @@ from models import mlp
 # Keys that --mode=eval and --mode=predict may take from the command line:
 # they change how a saved model is evaluated, not what it is.
 EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
-             'dataset.prefetch_batches', 'mesh.data', 'mesh.model')
+             'dataset.prefetch_batches', 'mesh.data', 'mesh.model',
+             'compilation_cache_dir')
 
 
 def _require(ok: bool, message: str) -> None:
@@ -107,6 +108,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
               'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
               'max_checkpoints_to_keep'):
     _positive_int(config, key)
+
+  cache_dir = config.compilation_cache_dir
+  _require(isinstance(cache_dir, str)
+           and not os.path.isfile(os.path.expanduser(cache_dir)),
+           f'compilation_cache_dir={cache_dir!r} must be a directory path, '
+           "or '' to turn the cache off")
 
   data, model = sharding.mesh_shape(config.mesh.data, config.mesh.model,
                                     num_devices)

@@ -21,8 +21,8 @@ from jax.sharding import Mesh
 import input_pipeline
 from input_pipeline import loader
 from input_pipeline.tables import Table
-from meshfit import (checkpointing, config_lib, metrics, optim, sharding,
-                     state as state_lib, steps)
+from meshfit import (checkpointing, compilation_cache, config_lib, metrics,
+                     optim, sharding, state as state_lib, steps)
 from meshfit.normalization import Normalizer
 from models.mlp import MlpConfig
 
@@ -123,6 +123,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   """
   config_lib.check_workdir(workdir)
   config_lib.validate(config, jax.device_count())
+  compilation_cache.configure(config.compilation_cache_dir)
   splits = input_pipeline.load_splits(config.dataset)
   setup = make_setup(config, splits.train.x_NxF.shape[1],
                      splits.train.y_NxT.shape[1])
@@ -203,6 +204,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str,
     {"step", "split", "num_examples", "mse", "rmse", "mae", "r2"}.
   """
   config_lib.validate(config, jax.device_count())
+  compilation_cache.configure(config.compilation_cache_dir)
   ckpt = checkpointing.Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.step_to_restore(step)
