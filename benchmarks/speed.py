@@ -18,9 +18,13 @@ Time to the first step (cold, warm and without the persistent compilation
 cache) is measured in fresh processes.
 
 Every variant runs once per round and the rounds interleave them (the start
-rotates), so load from other processes hits all of them alike; steps/s is the
-median over rounds and every ratio is the median of the per-round ratios.
-Times are steady state: compilation and warm-up steps are excluded.
+rotates), so slow drifts in the load of other processes reach all of them.
+Bursts do not, so each variant is reported at its best round (its least
+disturbed one; the median is printed beside it) and every ratio is one of
+bests, like `timeit`'s minimum.
+Times are steady state: compilation and warm-up steps are excluded. meshfit
+runs the size's steps per round (so its window holds logs and checkpoints);
+the other variants run as many steps as take about --seconds.
 
     python benchmarks/speed.py                      # everything, ~10 minutes
     python benchmarks/speed.py --sizes=small --repeats=2 --sections=main
@@ -77,9 +81,12 @@ SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
 FLAGS = flags.FLAGS
 flags.DEFINE_list('sizes', ['tiny', 'small', 'medium', 'large'],
                   'Model sizes to run.')
-flags.DEFINE_integer('steps', None, 'Timed steps per variant and round '
-                     '(default: per size, about a second of meshfit each).')
-flags.DEFINE_integer('repeats', 3, 'Rounds; each runs every variant once.')
+flags.DEFINE_integer('steps', None, 'Timed steps of the meshfit runs per '
+                     'round (default: per size); also the most any other '
+                     'variant runs.')
+flags.DEFINE_float('seconds', 0.5, 'Rough time of each non-meshfit variant '
+                   'per round: its steps are calibrated to it once.')
+flags.DEFINE_integer('repeats', 4, 'Rounds; each runs every variant once.')
 flags.DEFINE_list('sections', list(SECTIONS),
                   f'Any of {", ".join(SECTIONS)}.')
 flags.DEFINE_string('first_step_size', 'small',
@@ -112,7 +119,7 @@ class Size:
   num_targets: int
   batch_size: int
   default_steps: int
-  # The ladder only tells something where host overhead is a part of a step.
+  # The ladder tells something only where host overhead is much of a step.
   breakdown: bool = True
 
   @property
@@ -131,9 +138,10 @@ class Size:
 
 
 SIZES = {s.name: s for s in (
-    Size('tiny', 1, (), 1, 128, default_steps=3000),
-    Size('small', 10, (64, 64), 1, 256, default_steps=2000),
-    Size('medium', 10, (512, 512), 1, 1024, default_steps=100),
+    Size('tiny', 1, (), 1, 128, default_steps=1000),
+    Size('small', 10, (64, 64), 1, 256, default_steps=1000),
+    Size('medium', 10, (512, 512), 1, 1024, default_steps=100,
+         breakdown=False),
     Size('large', 784, (2048,) * 3, 10, 2048, default_steps=3,
          breakdown=False),
 )}
@@ -179,6 +187,11 @@ class Variant:
   """A way to train; `run(n)` times n steps after set-up and warm-up."""
   name: str
   dtype: str = 'float32'
+  # Runs exactly the size's steps (a window that holds logs and checkpoints)
+  # rather than a number calibrated to --seconds.
+  fixed_steps: bool = False
+  # Calibrated steps may exceed the size's steps this many times.
+  max_steps_factor: int = 1
 
   def run(self, num_steps: int) -> float:
     raise NotImplementedError
@@ -276,6 +289,7 @@ class Meshfit(Variant):
     if checkpoint_every_steps:
       self.name += f' ckpt/{checkpoint_every_steps}'
     self.dtype = dtype
+    self.fixed_steps = True
     self._size, self._workroot, self._cache_dir = size, workroot, cache_dir
     self._checkpoint_every_steps = checkpoint_every_steps
     self._splits = data.splits(eval_rows=size.batch_size)
@@ -430,12 +444,19 @@ class Pmap(Variant):
 
 
 class Torch(Variant):
-  """PyTorch eager on CPU: nn.Sequential, Adam, MSE; bf16 via autocast."""
+  """PyTorch eager on CPU: nn.Sequential, Adam, MSE; bf16 via autocast.
 
-  def __init__(self, size: Size, data: Data, dtype: str = 'float32'):
+  `threads` (0: the process's setting) applies while this variant runs.
+  """
+
+  def __init__(self, size: Size, data: Data, dtype: str = 'float32',
+               threads: int = 0):
     import torch  # noqa: PLC0415  (optional)
     self.name = 'torch' if dtype == 'float32' else f'torch {dtype} autocast'
+    if threads:
+      self.name += f', {threads} thread{"s" if threads > 1 else ""}'
     self.dtype = dtype
+    self._threads = threads
     self._torch = torch
     torch.manual_seed(0)
     layers = []
@@ -452,6 +473,15 @@ class Torch(Variant):
     self.run(2)
 
   def run(self, num_steps: int) -> float:
+    torch = self._torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(self._threads or threads)
+    try:
+      return self._run(num_steps)
+    finally:
+      torch.set_num_threads(threads)
+
+  def _run(self, num_steps: int) -> float:
     torch = self._torch
     autocast = (torch.autocast('cpu', dtype=torch.bfloat16)
                 if self.dtype == 'bfloat16' else contextlib.nullcontext())
@@ -473,6 +503,7 @@ class Pipeline(Variant):
 
   def __init__(self, size: Size, data: Data):
     self.name = 'input pipeline alone'
+    self.max_steps_factor = 100  # a batch costs far less than a step
     self._size, self._data = size, data
     self._sharding = sharding.batch_sharding(sharding.make_mesh(-1, 1))
 
@@ -735,6 +766,9 @@ def make_variants(size: Size, data: Data, sections: Sequence[str],
     v.append(Torch(size, data))
   if 'main' in sections:
     v.append(Pmap(size, data))
+    if have_torch:
+      # Immune to the spinning of OpenMP threads on a shared machine.
+      v.append(Torch(size, data, threads=1))
   if 'precision' in sections:
     v.append(Meshfit(size, data, workroot, cache_dir, dtype='bfloat16'))
     v.append(MinimalJit(size, data, dtype='bfloat16'))
@@ -756,10 +790,32 @@ def make_variants(size: Size, data: Data, sections: Sequence[str],
   return v
 
 
+def _calibrate(variant: Variant, max_steps: int, seconds: float,
+               min_steps: int) -> int:
+  """Steps that take `variant` about `seconds` (min_steps to max_steps)."""
+  n = min(10, max_steps)
+  while True:
+    elapsed = variant.run(n)
+    if elapsed >= 0.2 * seconds or n >= max_steps:
+      break
+    n = min(max_steps, n * 4)
+  return max(min_steps, min(max_steps, round(n * seconds / elapsed)))
+
+
 def run_rounds(variants: Sequence[Variant], num_steps: int, repeats: int,
-               peaks: dict[str, list[float]],
-               have_torch: bool) -> dict[str, list[float]]:
-  """steps/s of each variant per round; the start rotates every round."""
+               peaks: dict[str, list[float]], have_torch: bool,
+               seconds: float | None) -> tuple[dict[str, list[float]],
+                                               dict[str, int]]:
+  """steps/s of each variant per round; the start rotates every round.
+
+  Returns:
+    steps/s per variant and round, and the steps each variant ran per round.
+  """
+  # A few steps at least, whatever they take: one step is all noise.
+  counts = {v.name: num_steps if v.fixed_steps or seconds is None
+            else _calibrate(v, num_steps * v.max_steps_factor, seconds,
+                            min_steps=min(num_steps, 3))
+            for v in variants}
   rates = {v.name: [] for v in variants}
   for r in range(repeats):
     for name, gflops in _matmul_peaks(have_torch).items():
@@ -767,20 +823,24 @@ def run_rounds(variants: Sequence[Variant], num_steps: int, repeats: int,
     order = list(variants[r % len(variants):]) + list(
         variants[:r % len(variants)])
     for v in order:
-      n = max(num_steps, 50) if isinstance(v, Pipeline) else num_steps
-      rates[v.name].append(n / v.run(n))
-  return rates
+      rates[v.name].append(counts[v.name] / v.run(counts[v.name]))
+  return rates, counts
 
 
 def _ratio(rates: dict[str, list[float]], a: str, b: str) -> float | None:
-  """Median over rounds of rate(a) / rate(b) measured in the same round."""
+  """best(a) / best(b): each variant's least disturbed round."""
   if a not in rates or b not in rates:
     return None
-  return statistics.median(x / y for x, y in zip(rates[a], rates[b]))
+  return max(rates[a]) / max(rates[b])
 
 
 def _fmt(x: float | None, spec: str = '.2f', suffix: str = 'x') -> str:
   return '-' if x is None else f'{x:{spec}}{suffix}'
+
+
+def _num(x: float) -> str:
+  """Three significant digits or more: 12,345 / 123 / 12.3 / 1.23."""
+  return f'{x:,.0f}' if x >= 100 else f'{x:.3g}'
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -804,26 +864,29 @@ def report(results: dict[str, Any]) -> str:
                     [[k, f'{v:.0f}'] for k, v in peaks.items()]))
 
   for size_name, res in results['sizes'].items():
-    size, rates = SIZES[size_name], res['rates']
+    size, rates, counts = SIZES[size_name], res['rates'], res['counts']
     out.append(f'\n### {size_name}: {" -> ".join(map(str, size.layer_sizes))}'
                f', batch {size.batch_size}, {size.num_params:,} params, '
-               f'{res["steps"]} steps x {res["repeats"]} rounds\n')
+               f'{res["repeats"]} rounds\n')
     rows = []
     for name, r in rates.items():
       if (name.startswith('mf:') or 'resident' in name
           or 'pipeline' in name):
         continue
-      med = statistics.median(r)
-      gflops = med * size.flops_per_step / 1e9
+      best = max(r)
+      gflops = best * size.flops_per_step / 1e9
       peak = peak_bf16 if 'bfloat16' in name else peak_f32
-      rows.append([name, f'{med:,.1f}', f'{min(r):,.0f}-{max(r):,.0f}',
-                   f'{med * size.batch_size:,.0f}', f'{gflops:.1f}',
+      rows.append([name, f'{counts[name]:,}', _num(best),
+                   _num(statistics.median(r)),
+                   f'{best * size.batch_size:,.0f}', _num(gflops),
                    f'{100 * gflops / peak:.1f}%',
                    _fmt(_ratio(rates, name, 'jit')),
                    _fmt(_ratio(rates, name, 'pmap')),
-                   _fmt(_ratio(rates, name, 'torch'))])
-    out.append(_table(['variant', 'steps/s', 'range', 'examples/s', 'GFLOP/s',
-                       'of peak', 'x jit', 'x pmap', 'x torch'], rows))
+                   _fmt(_ratio(rates, name, 'torch')),
+                   _fmt(_ratio(rates, name, 'torch, 1 thread'))])
+    out.append(_table(['variant', 'steps', 'steps/s', 'median', 'examples/s',
+                       'GFLOP/s', 'of peak', 'x jit', 'x pmap', 'x torch',
+                       'x torch 1t'], rows))
 
     extra = []
     for name in ('meshfit', 'jit', 'torch'):
@@ -833,13 +896,12 @@ def report(results: dict[str, Any]) -> str:
     ckpt = 'meshfit ckpt/50'
     if ckpt in rates:
       ratio = _ratio(rates, ckpt, 'meshfit')
-      per_save_ms = 50e3 * (1 / statistics.median(rates[ckpt])
-                            - 1 / statistics.median(rates['meshfit']))
+      per_save_ms = 50e3 * (1 / max(rates[ckpt]) - 1 / max(rates['meshfit']))
       extra.append([f'{ckpt} / meshfit (cost {100 * (1 - ratio):.1f}%, '
                     f'{per_save_ms:.1f} ms per save)', _fmt(ratio)])
     pipe = 'input pipeline alone'
     if pipe in rates:
-      rows_s = statistics.median(rates[pipe]) * size.batch_size
+      rows_s = max(rates[pipe]) * size.batch_size
       extra.append([f'input pipeline alone: {rows_s:,.0f} rows/s; / rows/s '
                     'meshfit consumes', _fmt(_ratio(rates, pipe, 'meshfit'))])
     if extra:
@@ -850,11 +912,11 @@ def report(results: dict[str, Any]) -> str:
       rows = []
       previous = None
       for name in ['jit'] + ladder[:3] + ['meshfit'] + ladder[3:]:
-        med = statistics.median(rates[name])
-        us = 1e6 / med
+        best = max(rates[name])
+        us = 1e6 / best
         delta = '' if previous is None or name.startswith('proto') else (
             f'{us - previous:+.0f}')
-        rows.append([name, f'{med:,.0f}', f'{us:,.0f}', delta,
+        rows.append([name, f'{best:,.0f}', f'{us:,.0f}', delta,
                      _fmt(_ratio(rates, name, 'jit')),
                      _fmt(_ratio(rates, name, 'meshfit'))])
         previous = us
@@ -866,9 +928,9 @@ def report(results: dict[str, Any]) -> str:
   if 'first_step' in results:
     fs = results['first_step']
     out.append(f'\n### Time to first step ({fs["size"]}, fresh process; '
-               f'median of {len(fs["runs"]["cold"])})\n')
+               f'best of {len(fs["runs"]["cold"])})\n')
     rows = []
-    med = {k: {m: statistics.median(r[m] for r in runs)
+    med = {k: {m: min(r[m] for r in runs)
                for m in ('in_process_s', 'process_s')}
            for k, runs in fs['runs'].items()}
     labels = {'off': 'cache off', 'cold': 'cache cold (empty dir)',
@@ -937,12 +999,13 @@ def main(argv: Sequence[str]) -> None:
       variants = make_variants(size, make_data(size), FLAGS.sections,
                                num_steps, workroot, cache_dir, have_torch)
       try:
-        rates = run_rounds(variants, num_steps, FLAGS.repeats,
-                           results['peaks'], have_torch)
+        rates, counts = run_rounds(
+            variants, num_steps, FLAGS.repeats, results['peaks'], have_torch,
+            None if FLAGS.steps else FLAGS.seconds)
       finally:
         for v in variants:
           v.close()
-      results['sizes'][size_name] = {'steps': num_steps,
+      results['sizes'][size_name] = {'steps': num_steps, 'counts': counts,
                                      'repeats': FLAGS.repeats, 'rates': rates}
       print(f'{size_name}: done', flush=True)
     if 'first_step' in FLAGS.sections:
