@@ -43,6 +43,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.activation = 'relu'
   # Dropout probability after each hidden activation during training.
   config.model.dropout_rate = 0.0
+  # Compute dtype of the matmuls' inputs: float32, or bfloat16 (mixed
+  # precision: products accumulate in float32, the loss is float32).
+  config.model.dtype = 'float32'
+  # Storage dtype of the parameters, optimizer moments and checkpoints.
+  config.model.param_dtype = 'float32'
 
   config.optimizer = ml_collections.ConfigDict()
   # sgd, adam or adamw.
@@ -79,4 +84,8 @@ def get_config() -> ml_collections.ConfigDict:
   # Device mesh shape (data x model); -1 means "all remaining devices".
   config.mesh.data = -1
   config.mesh.model = 1
+
+  # JAX's persistent compilation cache: a restarted run loads its compiled
+  # steps from here instead of compiling them again. '' turns it off.
+  config.compilation_cache_dir = '~/.cache/meshfit/jax'
   return config

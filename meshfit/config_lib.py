@@ -20,7 +20,7 @@ from models import mlp
 # they change how a saved model is evaluated, not what it is.
 EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
              'dataset.eval_path', 'dataset.prefetch_batches', 'mesh.data',
-             'mesh.model')
+             'mesh.model', 'compilation_cache_dir')
 
 # Keys a resumed run may change: they decide how long and how observably it
 # runs and where, not what the checkpointed state means. (num_train_steps
@@ -105,6 +105,10 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
            f'one of {", ".join(sorted(mlp.ACTIVATIONS))}')
   _require(0.0 <= config.model.dropout_rate < 1.0,
            f'model.dropout_rate={config.model.dropout_rate} must be in [0, 1)')
+  for key in ('model.dtype', 'model.param_dtype'):
+    _require(get(config, key) in mlp.DTYPES,
+             f'{key} {get(config, key)!r} is unknown; use one of '
+             f'{", ".join(mlp.DTYPES)}')
 
   opt = config.optimizer
   _require(opt.name in optim.OPTIMIZERS, f'optimizer.name {opt.name!r} is '
@@ -130,6 +134,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
               'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
               'max_checkpoints_to_keep'):
     _positive_int(config, key)
+
+  cache_dir = config.compilation_cache_dir
+  _require(isinstance(cache_dir, str)
+           and not os.path.isfile(os.path.expanduser(cache_dir)),
+           f'compilation_cache_dir={cache_dir!r} must be a directory path, '
+           "or '' to turn the cache off")
 
   data, model = sharding.mesh_shape(config.mesh.data, config.mesh.model,
                                     num_devices)

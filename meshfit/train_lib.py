@@ -21,8 +21,9 @@ from jax.sharding import Mesh
 import input_pipeline
 from input_pipeline import loader
 from input_pipeline.tables import Table
-from meshfit import (checkpointing, config_lib, metrics, optim, plots,
-                     sharding, state as state_lib, steps, workdir_lock)
+from meshfit import (checkpointing, compilation_cache, config_lib, metrics,
+                     optim, plots, sharding, state as state_lib, steps,
+                     workdir_lock)
 from meshfit.errors import UsageError
 from meshfit.preemption import Preempted, PreemptionWatch
 from meshfit.normalization import Normalizer
@@ -195,6 +196,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   """
   config_lib.check_workdir(workdir)
   config_lib.validate(config, jax.device_count())
+  compilation_cache.configure(config.compilation_cache_dir)
   splits = input_pipeline.load_splits(config.dataset)
   setup = make_setup(config, splits.train.x_NxF.shape[1],
                      splits.train.y_NxT.shape[1])
@@ -325,6 +327,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str,
     {"step", "split", "num_examples", "mse", "rmse", "mae", "r2"}.
   """
   config_lib.validate(config, jax.device_count())
+  compilation_cache.configure(config.compilation_cache_dir)
   ckpt = checkpointing.Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.step_to_restore(step)

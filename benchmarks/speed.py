@@ -1,0 +1,1033 @@
+"""Training speed of meshfit beside the alternatives, measured side by side.
+
+For each model size, the same MLP, batch, optimizer (Adam, constant learning
+rate) and number of steps run through:
+
+  meshfit        `train_lib.train_and_evaluate` itself: its input pipeline,
+                 loss watch, metrics, logging and checkpoint checks
+  jit            a minimal hand-written `jax.jit` step over device-resident
+                 batches: the zero-framework floor
+  pmap           the JAX 101 tutorial's update: params replicated, the batch
+                 split over devices, gradients `pmean`'d
+  torch          PyTorch eager on CPU (optional: requirements-bench.txt)
+
+plus bfloat16-compute variants, meshfit with checkpoints every 50 steps, the
+input pipeline alone and, for the sizes where host overhead matters, a ladder
+that adds meshfit's pieces one at a time and two prototypes of a faster loop.
+Time to the first step (cold, warm and without the persistent compilation
+cache) is measured in fresh processes.
+
+Every variant runs once per round and the rounds interleave them (the start
+rotates), so slow drifts in the load of other processes reach all of them.
+Bursts do not, so each variant is reported at its best round (its least
+disturbed one; the median is printed beside it) and every ratio is one of
+bests, like `timeit`'s minimum.
+Times are steady state: compilation and warm-up steps are excluded. meshfit
+runs the size's steps per round (so its window holds logs and checkpoints);
+the other variants run as many steps as take about --seconds.
+
+    python benchmarks/speed.py                      # everything, ~10 minutes
+    python benchmarks/speed.py --sizes=small --repeats=2 --sections=main
+
+It runs on the process's devices: one CPU device by default.
+`XLA_FLAGS=--xla_force_host_platform_device_count=N` splits the CPU into N
+virtual devices (meshfit, jit and pmap then run data-parallel over them).
+
+meshfit reads its tables through `input_pipeline.load_splits`; here that is
+pointed at in-memory random tables of each size's shape (there is no
+784-feature dataset), and its jitted train step is wrapped to timestamp each
+call (waiting for the two that end the timed window). Nothing else of
+meshfit is changed.
+"""
+
+import collections
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+# Before TensorFlow / TFDS are imported: keep everything local and quiet.
+os.environ.setdefault('NO_GCE_CHECK', 'true')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+import input_pipeline  # noqa: E402
+from configs import default  # noqa: E402
+from input_pipeline import loader  # noqa: E402
+from input_pipeline.tables import Table  # noqa: E402
+from meshfit import sharding, state as state_lib, steps, train_lib  # noqa: E402
+from meshfit.normalization import Normalizer  # noqa: E402
+
+SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
+            'first_step')
+
+FLAGS = flags.FLAGS
+flags.DEFINE_list('sizes', ['tiny', 'small', 'medium', 'large'],
+                  'Model sizes to run.')
+flags.DEFINE_integer('steps', None, 'Timed steps of the meshfit runs per '
+                     'round (default: per size); also the most any other '
+                     'variant runs.')
+flags.DEFINE_float('seconds', 0.5, 'Rough time of each non-meshfit variant '
+                   'per round: its steps are calibrated to it once.')
+flags.DEFINE_integer('repeats', 4, 'Rounds; each runs every variant once.')
+flags.DEFINE_list('sections', list(SECTIONS),
+                  f'Any of {", ".join(SECTIONS)}.')
+flags.DEFINE_string('first_step_size', 'small',
+                    'Model size of the time-to-first-step section.')
+flags.DEFINE_integer('torch_threads', 0, 'torch.set_num_threads for the '
+                     'PyTorch rows; 0 keeps its default (one per core). Its '
+                     'OpenMP threads spin at barriers and slow down badly '
+                     'when other processes take cores.')
+flags.DEFINE_string('json', None, 'Also write every measurement here.')
+flags.DEFINE_string('first_step_child', None, 'Internal: run one timed '
+                    'start-up in this process (JSON: size, cache_dir).')
+
+LEARNING_RATE = 1e-3
+# Distinct batches cycled through by the loops over in-memory arrays; the
+# meshfit tables hold this many batches' worth of rows.
+NUM_BATCHES = 8
+# meshfit steps before the timed window: compilation, prefetch fill.
+WARMUP_STEPS = 3
+# Steps per call of the lax.scan prototypes.
+SCAN_STEPS = 16
+MATMUL_N = 2048  # square matmul of the peak measurement
+
+
+@dataclasses.dataclass(frozen=True)
+class Size:
+  """One benchmark model: `features -> hidden... -> targets` at `batch_size`."""
+  name: str
+  num_features: int
+  hidden_sizes: tuple[int, ...]
+  num_targets: int
+  batch_size: int
+  default_steps: int
+  # The ladder tells something only where host overhead is much of a step.
+  breakdown: bool = True
+
+  @property
+  def layer_sizes(self) -> tuple[int, ...]:
+    return (self.num_features, *self.hidden_sizes, self.num_targets)
+
+  @property
+  def num_params(self) -> int:
+    sizes = self.layer_sizes
+    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+
+  @property
+  def flops_per_step(self) -> float:
+    # Forward 2 flops per weight and example, backward 4.
+    return 6.0 * self.num_params * self.batch_size
+
+
+SIZES = {s.name: s for s in (
+    Size('tiny', 1, (), 1, 128, default_steps=1000),
+    Size('small', 10, (64, 64), 1, 256, default_steps=1000),
+    Size('medium', 10, (512, 512), 1, 1024, default_steps=100,
+         breakdown=False),
+    Size('large', 784, (2048,) * 3, 10, 2048, default_steps=3,
+         breakdown=False),
+)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """A random regression table of `size`'s shape, on the host."""
+  x_NxF: np.ndarray
+  y_NxT: np.ndarray
+
+  def batches(self, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    return [(self.x_NxF[i:i + batch_size], self.y_NxT[i:i + batch_size])
+            for i in range(0, self.x_NxF.shape[0], batch_size)]
+
+  def splits(self, eval_rows: int) -> input_pipeline.Splits:
+    f, t = self.x_NxF.shape[1], self.y_NxT.shape[1]
+
+    def table(rows: slice) -> Table:
+      return Table(self.x_NxF[rows], self.y_NxT[rows],
+                   tuple(f'x{i}' for i in range(f)),
+                   tuple(f'y{i}' for i in range(t)))
+    return input_pipeline.Splits(train=table(slice(None)),
+                                 eval=table(slice(0, eval_rows)))
+
+
+def make_data(size: Size, seed: int = 0) -> Data:
+  rng = np.random.default_rng(seed)
+  n = NUM_BATCHES * size.batch_size
+  x_NxF = rng.standard_normal((n, size.num_features), np.float32)
+  w_FxT = rng.standard_normal((size.num_features, size.num_targets))
+  y_NxT = np.tanh(x_NxF @ w_FxT) + 0.1 * rng.standard_normal(
+      (n, size.num_targets))
+  return Data(x_NxF, y_NxT.astype(np.float32))
+
+
+# ---------------------------------------------------------------------------
+# The variants. Each is set up (and compiled) once; `run(n)` then returns the
+# seconds that n steady-state steps take.
+
+
+class Variant:
+  """A way to train; `run(n)` times n steps after set-up and warm-up."""
+  name: str
+  dtype: str = 'float32'
+  # Runs exactly the size's steps (a window that holds logs and checkpoints)
+  # rather than a number calibrated to --seconds.
+  fixed_steps: bool = False
+  # Calibrated steps may exceed the size's steps this many times.
+  max_steps_factor: int = 1
+
+  def run(self, num_steps: int) -> float:
+    raise NotImplementedError
+
+  def close(self) -> None:
+    pass
+
+
+class _InFlight:
+  """Bounds dispatched steps where XLA:CPU collectives need it (>1 device)."""
+
+  def __init__(self):
+    self._limit = (train_lib.MAX_STEPS_IN_FLIGHT if jax.device_count() > 1
+                   else None)
+    self._pending = collections.deque()
+
+  def add(self, loss: Any) -> None:
+    if self._limit is None:
+      return
+    self._pending.append(loss)
+    if len(self._pending) > self._limit:
+      jax.block_until_ready(self._pending.popleft())
+
+
+def _meshfit_config(size: Size, *, dtype: str, num_train_steps: int,
+                    checkpoint_every_steps: int | None, cache_dir: str):
+  config = default.get_config()
+  config.model.hidden_sizes = size.hidden_sizes
+  config.model.dtype = dtype
+  config.optimizer.name = 'adam'
+  config.optimizer.schedule = 'constant'
+  config.optimizer.learning_rate = LEARNING_RATE
+  config.batch_size = size.batch_size
+  config.eval_batch_size = size.batch_size
+  config.num_train_steps = num_train_steps
+  # One evaluation, after the last step; checkpoints as asked, else only the
+  # final one (also after the timed window).
+  config.eval_every_steps = num_train_steps
+  config.checkpoint_every_steps = checkpoint_every_steps or num_train_steps
+  config.compilation_cache_dir = cache_dir
+  return config
+
+
+class _StopTraining(Exception):
+  """Raised from the step wrapper to end a start-up measurement early."""
+
+
+@contextlib.contextmanager
+def meshfit_hooks(splits: input_pipeline.Splits, step_times: list[float],
+                  wait_for: Sequence[int] = (), stop_after: int | None = None
+                  ) -> Iterator[None]:
+  """Feeds meshfit `splits` and timestamps its train-step calls.
+
+  Args:
+    splits: what `input_pipeline.load_splits` returns meanwhile.
+    step_times: gets one `time.perf_counter()` per call of the step.
+    wait_for: calls (1-based) whose results are waited for before their
+      timestamp: the ends of a timed window. Other calls are timestamped as
+      they return (the loop itself keeps them within two steps of done).
+    stop_after: raise `_StopTraining` after this many calls.
+  """
+  load_splits, jit_train_step = input_pipeline.load_splits, steps.jit_train_step
+
+  def timed_jit_train_step(*args, **kwargs):
+    step_fn = jit_train_step(*args, **kwargs)
+
+    def timed(state, batch):
+      out = step_fn(state, batch)
+      if len(step_times) + 1 in wait_for:
+        jax.block_until_ready(out)
+      step_times.append(time.perf_counter())
+      if stop_after is not None and len(step_times) >= stop_after:
+        raise _StopTraining
+      return out
+    return timed
+
+  input_pipeline.load_splits = lambda dataset: splits
+  steps.jit_train_step = timed_jit_train_step
+  try:
+    yield
+  finally:
+    input_pipeline.load_splits = load_splits
+    steps.jit_train_step = jit_train_step
+
+
+class Meshfit(Variant):
+  """`train_lib.train_and_evaluate` in a fresh workdir per run."""
+
+  def __init__(self, size: Size, data: Data, workroot: str, cache_dir: str,
+               dtype: str = 'float32',
+               checkpoint_every_steps: int | None = None):
+    self.name = 'meshfit'
+    if dtype != 'float32':
+      self.name += f' {dtype}'
+    if checkpoint_every_steps:
+      self.name += f' ckpt/{checkpoint_every_steps}'
+    self.dtype = dtype
+    self.fixed_steps = True
+    self._size, self._workroot, self._cache_dir = size, workroot, cache_dir
+    self._checkpoint_every_steps = checkpoint_every_steps
+    self._splits = data.splits(eval_rows=size.batch_size)
+
+  def run(self, num_steps: int) -> float:
+    config = _meshfit_config(
+        self._size, dtype=self.dtype,
+        num_train_steps=WARMUP_STEPS + num_steps,
+        checkpoint_every_steps=self._checkpoint_every_steps,
+        cache_dir=self._cache_dir)
+    workdir = tempfile.mkdtemp(dir=self._workroot)
+    times = []
+    try:
+      # From step WARMUP_STEPS done to the last step done: num_steps steps.
+      with meshfit_hooks(self._splits, times,
+                         wait_for=(WARMUP_STEPS, WARMUP_STEPS + num_steps)):
+        train_lib.train_and_evaluate(config, workdir)
+    finally:
+      shutil.rmtree(workdir, ignore_errors=True)
+    return times[-1] - times[WARMUP_STEPS - 1]
+
+
+def _init_mlp(size: Size, seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
+  keys = jax.random.split(jax.random.key(seed), len(size.layer_sizes) - 1)
+  init = jax.nn.initializers.lecun_normal()
+  return [(init(k, (a, b), jnp.float32), jnp.zeros((b,), jnp.float32))
+          for k, a, b in zip(keys, size.layer_sizes[:-1],
+                             size.layer_sizes[1:])]
+
+
+@jax.custom_vjp
+def _dot_low_precision_grads(x_BxI: jax.Array, w_IxO: jax.Array) -> jax.Array:
+  """x @ w accumulated in float32, whose gradients are computed in x's dtype.
+
+  JAX's own transpose of a dot with preferred_element_type=float32 feeds the
+  float32 cotangent into both backward dots, so XLA upcasts the bfloat16
+  operand and runs them at the float32 rate (slower still for the casts).
+  Here the cotangent is cast down first: every matmul runs bfloat16 x
+  bfloat16 with float32 accumulation.
+  """
+  return jax.lax.dot(x_BxI, w_IxO, preferred_element_type=jnp.float32)
+
+
+def _dot_low_precision_grads_fwd(x_BxI, w_IxO):
+  return _dot_low_precision_grads(x_BxI, w_IxO), (x_BxI, w_IxO)
+
+
+def _dot_low_precision_grads_bwd(residuals, g_BxO):
+  x_BxI, w_IxO = residuals
+  g_BxO = g_BxO.astype(x_BxI.dtype)
+  dx_BxI = jax.lax.dot_general(g_BxO, w_IxO, (((1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+  dw_IxO = jax.lax.dot_general(x_BxI, g_BxO, (((0,), (0,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+  return dx_BxI.astype(x_BxI.dtype), dw_IxO.astype(w_IxO.dtype)
+
+
+_dot_low_precision_grads.defvjp(_dot_low_precision_grads_fwd,
+                                _dot_low_precision_grads_bwd)
+
+
+def _mlp_loss(params, x_BxF: jax.Array, y_BxT: jax.Array,
+              dtype: jnp.dtype, low_precision_grads: bool = False
+              ) -> jax.Array:
+  dot = (_dot_low_precision_grads if low_precision_grads else functools.partial(
+      jax.lax.dot, preferred_element_type=jnp.float32))
+  h = x_BxF
+  for i, (w, b) in enumerate(params):
+    h = dot(h.astype(dtype), w.astype(dtype)) + b
+    if i < len(params) - 1:
+      h = jax.nn.relu(h)
+  return jnp.mean((h - y_BxT)**2)
+
+
+def _adam_update(params, opt_state, x_BxF, y_BxT, *, dtype, tx, axis=None,
+                 low_precision_grads=False):
+  loss, grads = jax.value_and_grad(_mlp_loss)(params, x_BxF, y_BxT, dtype,
+                                              low_precision_grads)
+  if axis is not None:
+    loss, grads = jax.lax.pmean((loss, grads), axis)
+  updates, opt_state = tx.update(grads, opt_state, params)
+  return optax.apply_updates(params, updates), opt_state, loss
+
+
+class MinimalJit(Variant):
+  """The floor: one jitted, donating step over device-resident batches."""
+
+  def __init__(self, size: Size, data: Data, dtype: str = 'float32',
+               low_precision_grads: bool = False):
+    self.name = 'jit' if dtype == 'float32' else f'jit {dtype}'
+    if low_precision_grads:
+      self.name = f'proto: {self.name}, {dtype} backward dots'
+    self.dtype = dtype
+    mesh = jax.make_mesh((jax.device_count(),), ('data',),
+                         axis_types=(jax.sharding.AxisType.Auto,))
+    replicated = NamedSharding(mesh, P())
+    split = NamedSharding(mesh, P('data'))
+    tx = optax.adam(LEARNING_RATE)
+    self._params = jax.device_put(_init_mlp(size), replicated)
+    self._opt_state = jax.device_put(tx.init(self._params), replicated)
+    self._batches = [jax.device_put(b, split)
+                     for b in data.batches(size.batch_size)]
+    self._step = jax.jit(functools.partial(
+        _adam_update, dtype=jnp.dtype(dtype), tx=tx,
+        low_precision_grads=low_precision_grads), donate_argnums=(0, 1))
+    self.run(2)
+
+  def run(self, num_steps: int) -> float:
+    in_flight = _InFlight()
+    start = time.perf_counter()
+    for i in range(num_steps):
+      x, y = self._batches[i % len(self._batches)]
+      self._params, self._opt_state, loss = self._step(
+          self._params, self._opt_state, x, y)
+      in_flight.add(loss)
+    jax.block_until_ready((self._params, loss))
+    return time.perf_counter() - start
+
+
+class Pmap(Variant):
+  """JAX 101: `pmap` with params replicated and gradients `pmean`'d."""
+
+  def __init__(self, size: Size, data: Data):
+    self.name = 'pmap'
+    n = jax.local_device_count()
+    tx = optax.adam(LEARNING_RATE)
+    params = _init_mlp(size)
+    opt_state = tx.init(params)
+    to_devices = jax.pmap(lambda a: a)
+    # As the tutorial does: a leading device axis, one copy per device.
+    self._params, self._opt_state = to_devices(jax.tree.map(
+        lambda a: jnp.stack([a] * n), (params, opt_state)))
+    self._batches = [to_devices(jax.tree.map(
+        lambda a: a.reshape((n, a.shape[0] // n) + a.shape[1:]), b))
+                     for b in data.batches(size.batch_size)]
+    self._step = jax.pmap(
+        functools.partial(_adam_update, dtype=jnp.dtype(jnp.float32), tx=tx,
+                          axis='batch'),
+        axis_name='batch', donate_argnums=(0, 1))
+    self.run(2)
+
+  def run(self, num_steps: int) -> float:
+    in_flight = _InFlight()
+    start = time.perf_counter()
+    for i in range(num_steps):
+      x, y = self._batches[i % len(self._batches)]
+      self._params, self._opt_state, loss = self._step(
+          self._params, self._opt_state, x, y)
+      in_flight.add(loss)
+    jax.block_until_ready((self._params, loss))
+    return time.perf_counter() - start
+
+
+class Torch(Variant):
+  """PyTorch eager on CPU: nn.Sequential, Adam, MSE; bf16 via autocast.
+
+  `threads` (0: the process's setting) applies while this variant runs.
+  """
+
+  def __init__(self, size: Size, data: Data, dtype: str = 'float32',
+               threads: int = 0):
+    import torch  # noqa: PLC0415  (optional)
+    self.name = 'torch' if dtype == 'float32' else f'torch {dtype} autocast'
+    if threads:
+      self.name += f', {threads} thread{"s" if threads > 1 else ""}'
+    self.dtype = dtype
+    self._threads = threads
+    self._torch = torch
+    torch.manual_seed(0)
+    layers = []
+    sizes = size.layer_sizes
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+      layers.append(torch.nn.Linear(a, b))
+      if i < len(sizes) - 2:
+        layers.append(torch.nn.ReLU())
+    self._model = torch.nn.Sequential(*layers)
+    self._opt = torch.optim.Adam(self._model.parameters(), lr=LEARNING_RATE)
+    self._batches = [(torch.from_numpy(np.ascontiguousarray(x)),
+                      torch.from_numpy(np.ascontiguousarray(y)))
+                     for x, y in data.batches(size.batch_size)]
+    self.run(2)
+
+  def run(self, num_steps: int) -> float:
+    torch = self._torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(self._threads or threads)
+    try:
+      return self._run(num_steps)
+    finally:
+      torch.set_num_threads(threads)
+
+  def _run(self, num_steps: int) -> float:
+    torch = self._torch
+    autocast = (torch.autocast('cpu', dtype=torch.bfloat16)
+                if self.dtype == 'bfloat16' else contextlib.nullcontext())
+    start = time.perf_counter()
+    for i in range(num_steps):
+      x, y = self._batches[i % len(self._batches)]
+      self._opt.zero_grad(set_to_none=True)
+      with autocast:
+        pred = self._model(x)
+      loss = torch.nn.functional.mse_loss(pred.float(), y)
+      loss.backward()
+      self._opt.step()
+    loss.item()
+    return time.perf_counter() - start
+
+
+class Pipeline(Variant):
+  """meshfit's TrainLoader alone: global device batches, nothing trained."""
+
+  def __init__(self, size: Size, data: Data):
+    self.name = 'input pipeline alone'
+    self.max_steps_factor = 100  # a batch costs far less than a step
+    self._size, self._data = size, data
+    self._sharding = sharding.batch_sharding(sharding.make_mesh(-1, 1))
+
+  def run(self, num_steps: int) -> float:
+    batches = loader.TrainLoader(
+        self._data.x_NxF, self._data.y_NxT, batch_size=self._size.batch_size,
+        seed=0, sharding=self._sharding,
+        prefetch=default.get_config().dataset.prefetch_batches)
+    try:
+      jax.block_until_ready(next(batches))
+      start = time.perf_counter()
+      for _ in range(num_steps):
+        jax.block_until_ready(next(batches))
+      return time.perf_counter() - start
+    finally:
+      batches.close()
+
+
+class _MeshfitParts:
+  """meshfit's set-up, state and jitted step, without its loop."""
+
+  def __init__(self, size: Size, data: Data):
+    config = _meshfit_config(size, dtype='float32', num_train_steps=1,
+                             checkpoint_every_steps=None, cache_dir='')
+    self.config, self.data, self.size = config, data, size
+    self.setup = train_lib.make_setup(config, size.num_features,
+                                      size.num_targets)
+    self.batch_sharding = sharding.batch_sharding(self.setup.mesh)
+    self.state = state_lib.create_train_state(
+        self.setup.spec, self.setup.tx, self.setup.mesh, config.seed,
+        Normalizer.fit(data.x_NxF, data.y_NxT))
+
+
+class MeshfitLadder(Variant):
+  """meshfit's jitted step with some of its loop's pieces around it.
+
+  `watch`: the loop's _LossWatch (a host sync on the loss of step s-2).
+  `loader`: batches from TrainLoader instead of prepared device batches.
+  """
+
+  def __init__(self, size: Size, data: Data, *, watch: bool, loader: bool):
+    parts = _MeshfitParts(size, data)
+    self.name = 'mf: jitted step' + (' + loss watch' if watch else '') + (
+        ' + TrainLoader' if loader else '')
+    self._parts, self._watch, self._loader = parts, watch, loader
+    self._step = steps.jit_train_step(
+        parts.setup.graphdef, parts.setup.tx, parts.setup.shardings,
+        parts.setup.mesh, parts.config.log_every_steps)
+    self._state = parts.state
+    self._batches = [
+        {'x': jax.device_put(x, parts.batch_sharding),
+         'y': jax.device_put(y, parts.batch_sharding)}
+        for x, y in data.batches(size.batch_size)]
+    self.run(2)
+
+  def run(self, num_steps: int) -> float:
+    parts = self._parts
+    batches = None
+    if self._loader:
+      batches = loader.TrainLoader(
+          parts.data.x_NxF, parts.data.y_NxT,
+          batch_size=parts.size.batch_size, seed=0,
+          sharding=parts.batch_sharding,
+          prefetch=parts.config.dataset.prefetch_batches)
+      jax.block_until_ready(next(batches))
+    watch = train_lib._LossWatch() if self._watch else None  # pylint: disable=protected-access
+    in_flight = _InFlight()
+    try:
+      start = time.perf_counter()
+      for i in range(num_steps):
+        batch = (next(batches) if batches is not None
+                 else self._batches[i % len(self._batches)])
+        self._state, loss = self._step(self._state, batch)
+        if watch is not None:
+          watch.add(i, loss)
+        else:
+          in_flight.add(loss)
+      if watch is not None:
+        watch.drain()
+      jax.block_until_ready(self._state)
+      return time.perf_counter() - start
+    finally:
+      if batches is not None:
+        batches.close()
+
+
+class ResidentScan(Variant):
+  """Prototype: the table resident on device, k steps per call.
+
+  meshfit's own `steps.train_step` inside a `lax.scan` over k batches that
+  are gathered on device from the resident table by the loader's indices
+  (the same examples in the same order); the host sends k x B int32
+  indices per call and checks the previous call's losses, one call late.
+  """
+
+  def __init__(self, size: Size, data: Data, steps_per_call: int):
+    parts = _MeshfitParts(size, data)
+    self.name = f'proto: resident table, {steps_per_call} step/call'
+    self._parts, self._k = parts, steps_per_call
+    setup = parts.setup
+    replicated = sharding.replicated(setup.mesh)
+    self._x_NxF = jax.device_put(data.x_NxF, replicated)
+    self._y_NxT = jax.device_put(data.y_NxT, replicated)
+    self._idx_sharding = NamedSharding(setup.mesh, P(None, sharding.DATA))
+    train_step = functools.partial(
+        steps.train_step, graphdef=setup.graphdef, tx=setup.tx,
+        log_every_steps=parts.config.log_every_steps)
+    batch_sharding = parts.batch_sharding
+
+    def multi_step(state, x_NxF, y_NxT, idx_KxB):
+      def body(state, idx_B):
+        batch = jax.lax.with_sharding_constraint(
+            {'x': x_NxF[idx_B], 'y': y_NxT[idx_B]}, batch_sharding)
+        return train_step(state, batch)
+      return jax.lax.scan(body, state, idx_KxB)
+
+    self._multi_step = jax.jit(
+        multi_step, donate_argnums=0,
+        in_shardings=(setup.shardings, replicated, replicated,
+                      self._idx_sharding),
+        out_shardings=(setup.shardings, replicated))
+    self._state = parts.state
+    self._position = 0
+    self._perms = {}
+    self.run(2 * steps_per_call)
+
+  def _indices_KxB(self) -> np.ndarray:
+    n, b = self._parts.data.x_NxF.shape[0], self._parts.size.batch_size
+    entries = self._position + np.arange(self._k * b)
+    self._position += self._k * b
+    epochs = entries // n
+    out = np.empty(entries.shape, np.int32)
+    for epoch in np.unique(epochs):
+      if epoch not in self._perms:
+        self._perms = {epoch: loader.epoch_permutation(0, int(epoch), n)}
+      sel = epochs == epoch
+      out[sel] = self._perms[epoch][entries[sel] % n]
+    return out.reshape(self._k, b)
+
+  def run(self, num_steps: int) -> float:
+    calls = -(-num_steps // self._k)
+    previous = None
+    start = time.perf_counter()
+    for _ in range(calls):
+      idx_KxB = jax.device_put(self._indices_KxB(), self._idx_sharding)
+      self._state, losses_K = self._multi_step(
+          self._state, self._x_NxF, self._y_NxT, idx_KxB)
+      if previous is not None and not np.isfinite(np.asarray(previous)).all():
+        raise FloatingPointError('non-finite loss')
+      previous = losses_K
+    jax.block_until_ready((self._state, previous))
+    # Per step: the last call may run a few more than asked.
+    return (time.perf_counter() - start) * num_steps / (calls * self._k)
+
+
+# ---------------------------------------------------------------------------
+# Matmul peak.
+
+
+def _matmul_peaks(have_torch: bool) -> dict[str, float]:
+  """GFLOP/s of one square matmul, best of five, per library and dtype."""
+  n = MATMUL_N
+  flops = 2.0 * n**3
+  rng = np.random.default_rng(0)
+  a_np = rng.standard_normal((n, n), np.float32)
+  b_np = rng.standard_normal((n, n), np.float32)
+  out = {}
+
+  def best(fn: Callable[[], Any]) -> float:
+    fn()
+    times = []
+    for _ in range(5):
+      start = time.perf_counter()
+      fn()
+      times.append(time.perf_counter() - start)
+    return flops / min(times) / 1e9
+
+  a, b = jnp.asarray(a_np), jnp.asarray(b_np)
+  f32 = jax.jit(lambda a, b: a @ b)
+  out['XLA f32'] = best(lambda: f32(a, b).block_until_ready())
+  a16, b16 = a.astype(jnp.bfloat16), b.astype(jnp.bfloat16)
+  bf16 = jax.jit(lambda a, b: jax.lax.dot(
+      a, b, preferred_element_type=jnp.float32))
+  out['XLA bf16 -> f32 acc'] = best(lambda: bf16(a16, b16).block_until_ready())
+  if have_torch:
+    import torch  # noqa: PLC0415
+    ta, tb = torch.from_numpy(a_np), torch.from_numpy(b_np)
+    out['torch f32'] = best(lambda: ta @ tb)
+    ta16, tb16 = ta.bfloat16(), tb.bfloat16()
+    out['torch bf16'] = best(lambda: ta16 @ tb16)
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Time to the first step, each in a fresh process.
+
+
+def _first_step_child(spec: dict[str, str]) -> None:
+  """One start-up: train_and_evaluate until its first step has finished."""
+  entered = time.perf_counter()
+  size = SIZES[spec['size']]
+  splits = make_data(size).splits(eval_rows=size.batch_size)
+  config = _meshfit_config(size, dtype='float32', num_train_steps=10,
+                           checkpoint_every_steps=None,
+                           cache_dir=spec['cache_dir'])
+  workdir = tempfile.mkdtemp()
+  times = []
+  try:
+    with meshfit_hooks(splits, times, wait_for=(1,), stop_after=1):
+      train_lib.train_and_evaluate(config, workdir)
+  except _StopTraining:
+    pass
+  finally:
+    shutil.rmtree(workdir, ignore_errors=True)
+  print(json.dumps({'in_process_s': times[0] - entered,
+                    'first_step_unix': time.time() - (time.perf_counter()
+                                                      - times[0])}))
+
+
+def _time_first_step(size: str, cache_dir: str) -> dict[str, float]:
+  launched = time.time()
+  result = subprocess.run(
+      [sys.executable, os.path.abspath(__file__),
+       f'--first_step_child={json.dumps({"size": size, "cache_dir": cache_dir})}'],
+      capture_output=True, text=True, check=False)
+  if result.returncode:
+    raise RuntimeError(f'first-step child failed:\n{result.stderr[-3000:]}')
+  child = json.loads(result.stdout.strip().splitlines()[-1])
+  return {'in_process_s': child['in_process_s'],
+          'process_s': child['first_step_unix'] - launched}
+
+
+def first_step_section(size: str, repeats: int, workroot: str) -> dict:
+  """Cache off, cold (empty) and warm (the same dir again), interleaved."""
+  results = {'off': [], 'cold': [], 'warm': []}
+  for r in range(repeats):
+    cache_dir = os.path.join(workroot, f'first_step_cache_{r}')
+    results['off'].append(_time_first_step(size, ''))
+    results['cold'].append(_time_first_step(size, cache_dir))
+    results['warm'].append(_time_first_step(size, cache_dir))
+  return results
+
+
+# ---------------------------------------------------------------------------
+# Rounds and tables.
+
+
+def make_variants(size: Size, data: Data, sections: Sequence[str],
+                  num_steps: int, workroot: str, cache_dir: str,
+                  have_torch: bool) -> list[Variant]:
+  """Every variant of `size` that the chosen sections need.
+
+  Checkpoints every 50 steps need a window of 50 steps or more.
+  """
+  v = []
+  if {'main', 'precision', 'checkpoint', 'breakdown'} & set(sections):
+    v.append(Meshfit(size, data, workroot, cache_dir))
+    v.append(MinimalJit(size, data))
+  if {'main', 'precision'} & set(sections) and have_torch:
+    v.append(Torch(size, data))
+  if 'main' in sections:
+    v.append(Pmap(size, data))
+    if have_torch:
+      # Immune to the spinning of OpenMP threads on a shared machine.
+      v.append(Torch(size, data, threads=1))
+  if 'precision' in sections:
+    v.append(Meshfit(size, data, workroot, cache_dir, dtype='bfloat16'))
+    v.append(MinimalJit(size, data, dtype='bfloat16'))
+    v.append(MinimalJit(size, data, dtype='bfloat16',
+                        low_precision_grads=True))
+    if have_torch:
+      v.append(Torch(size, data, dtype='bfloat16'))
+  if 'checkpoint' in sections and num_steps >= 50:
+    v.append(Meshfit(size, data, workroot, cache_dir,
+                     checkpoint_every_steps=50))
+  if 'pipeline' in sections:
+    v.append(Pipeline(size, data))
+  if 'breakdown' in sections and size.breakdown:
+    v.append(MeshfitLadder(size, data, watch=False, loader=False))
+    v.append(MeshfitLadder(size, data, watch=True, loader=False))
+    v.append(MeshfitLadder(size, data, watch=True, loader=True))
+    v.append(ResidentScan(size, data, steps_per_call=1))
+    v.append(ResidentScan(size, data, steps_per_call=SCAN_STEPS))
+  return v
+
+
+def _calibrate(variant: Variant, max_steps: int, seconds: float,
+               min_steps: int) -> int:
+  """Steps that take `variant` about `seconds` (min_steps to max_steps)."""
+  n = min(10, max_steps)
+  while True:
+    elapsed = variant.run(n)
+    if elapsed >= 0.2 * seconds or n >= max_steps:
+      break
+    n = min(max_steps, n * 4)
+  return max(min_steps, min(max_steps, round(n * seconds / elapsed)))
+
+
+def run_rounds(variants: Sequence[Variant], num_steps: int, repeats: int,
+               peaks: dict[str, list[float]], have_torch: bool,
+               seconds: float | None) -> tuple[dict[str, list[float]],
+                                               dict[str, int]]:
+  """steps/s of each variant per round; the start rotates every round.
+
+  Returns:
+    steps/s per variant and round, and the steps each variant ran per round.
+  """
+  # A few steps at least, whatever they take: one step is all noise.
+  counts = {v.name: num_steps if v.fixed_steps or seconds is None
+            else _calibrate(v, num_steps * v.max_steps_factor, seconds,
+                            min_steps=min(num_steps, 3))
+            for v in variants}
+  rates = {v.name: [] for v in variants}
+  for r in range(repeats):
+    for name, gflops in _matmul_peaks(have_torch).items():
+      peaks.setdefault(name, []).append(gflops)
+    order = list(variants[r % len(variants):]) + list(
+        variants[:r % len(variants)])
+    for v in order:
+      rates[v.name].append(counts[v.name] / v.run(counts[v.name]))
+  return rates, counts
+
+
+def _ratio(rates: dict[str, list[float]], a: str, b: str) -> float | None:
+  """best(a) / best(b): each variant's least disturbed round."""
+  if a not in rates or b not in rates:
+    return None
+  return max(rates[a]) / max(rates[b])
+
+
+def _fmt(x: float | None, spec: str = '.2f', suffix: str = 'x') -> str:
+  return '-' if x is None else f'{x:{spec}}{suffix}'
+
+
+def _num(x: float) -> str:
+  """Three significant digits or more: 12,345 / 123 / 12.3 / 1.23."""
+  return f'{x:,.0f}' if x >= 100 else f'{x:.3g}'
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+  line = lambda cells: '| ' + ' | '.join(  # noqa: E731
+      str(c).ljust(w) if i == 0 else str(c).rjust(w)
+      for i, (c, w) in enumerate(zip(cells, widths))) + ' |'
+  sep = '|' + '|'.join('-' * (w + 2) if i == 0 else '-' * (w + 1) + ':'
+                       for i, w in enumerate(widths)) + '|'
+  return '\n'.join([line(header), sep] + [line(r) for r in rows])
+
+
+def report(results: dict[str, Any]) -> str:
+  """Markdown tables of everything measured."""
+  out = []
+  peaks = {k: max(v) for k, v in results['peaks'].items()}
+  peak_f32 = max(v for k, v in peaks.items() if 'f32' in k and 'bf16' not in k)
+  peak_bf16 = max(v for k, v in peaks.items() if 'bf16' in k)
+  out.append(f'Matmul peak ({MATMUL_N}^3, best of every round):\n')
+  out.append(_table(['matmul', 'GFLOP/s'],
+                    [[k, f'{v:.0f}'] for k, v in peaks.items()]))
+
+  for size_name, res in results['sizes'].items():
+    size, rates, counts = SIZES[size_name], res['rates'], res['counts']
+    out.append(f'\n### {size_name}: {" -> ".join(map(str, size.layer_sizes))}'
+               f', batch {size.batch_size}, {size.num_params:,} params, '
+               f'{res["repeats"]} rounds\n')
+    rows = []
+    for name, r in rates.items():
+      if (name.startswith('mf:') or 'resident' in name
+          or 'pipeline' in name):
+        continue
+      best = max(r)
+      gflops = best * size.flops_per_step / 1e9
+      peak = peak_bf16 if 'bfloat16' in name else peak_f32
+      rows.append([name, f'{counts[name]:,}', _num(best),
+                   _num(statistics.median(r)),
+                   f'{best * size.batch_size:,.0f}', _num(gflops),
+                   f'{100 * gflops / peak:.1f}%',
+                   _fmt(_ratio(rates, name, 'jit')),
+                   _fmt(_ratio(rates, name, 'pmap')),
+                   _fmt(_ratio(rates, name, 'torch')),
+                   _fmt(_ratio(rates, name, 'torch, 1 thread'))])
+    out.append(_table(['variant', 'steps', 'steps/s', 'median', 'examples/s',
+                       'GFLOP/s', 'of peak', 'x jit', 'x pmap', 'x torch',
+                       'x torch 1t'], rows))
+
+    extra = []
+    for name in ('meshfit', 'jit', 'torch'):
+      for bf16 in [n for n in rates if n.startswith(f'{name} bfloat16')
+                   or n.startswith(f'proto: {name} bfloat16')]:
+        extra.append([f'{bf16} / {name}', _fmt(_ratio(rates, bf16, name))])
+    ckpt = 'meshfit ckpt/50'
+    if ckpt in rates:
+      ratio = _ratio(rates, ckpt, 'meshfit')
+      per_save_ms = 50e3 * (1 / max(rates[ckpt]) - 1 / max(rates['meshfit']))
+      extra.append([f'{ckpt} / meshfit (cost {100 * (1 - ratio):.1f}%, '
+                    f'{per_save_ms:.1f} ms per save)', _fmt(ratio)])
+    pipe = 'input pipeline alone'
+    if pipe in rates:
+      rows_s = max(rates[pipe]) * size.batch_size
+      extra.append([f'input pipeline alone: {rows_s:,.0f} rows/s; / rows/s '
+                    'meshfit consumes', _fmt(_ratio(rates, pipe, 'meshfit'))])
+    if extra:
+      out.append('\n' + _table(['ratio', 'value'], extra))
+
+    ladder = [n for n in rates if n.startswith('mf:') or 'resident' in n]
+    if ladder:
+      rows = []
+      previous = None
+      for name in ['jit'] + ladder[:3] + ['meshfit'] + ladder[3:]:
+        best = max(rates[name])
+        us = 1e6 / best
+        delta = '' if previous is None or name.startswith('proto') else (
+            f'{us - previous:+.0f}')
+        rows.append([name, f'{best:,.0f}', f'{us:,.0f}', delta,
+                     _fmt(_ratio(rates, name, 'jit')),
+                     _fmt(_ratio(rates, name, 'meshfit'))])
+        previous = us
+      out.append('\nWhere the time goes (each row adds a piece of meshfit; '
+                 '"proto" rows are prototypes):\n')
+      out.append(_table(['variant', 'steps/s', 'us/step', '+us', 'x jit',
+                         'x meshfit'], rows))
+
+  if 'first_step' in results:
+    fs = results['first_step']
+    out.append(f'\n### Time to first step ({fs["size"]}, fresh process; '
+               f'best of {len(fs["runs"]["cold"])})\n')
+    rows = []
+    med = {k: {m: min(r[m] for r in runs)
+               for m in ('in_process_s', 'process_s')}
+           for k, runs in fs['runs'].items()}
+    labels = {'off': 'cache off', 'cold': 'cache cold (empty dir)',
+              'warm': 'cache warm (restart)'}
+    for k, m in med.items():
+      rows.append([labels[k], f'{m["in_process_s"]:.2f}',
+                   f'{m["process_s"]:.2f}'])
+    out.append(_table(['start', 'train_and_evaluate -> first step (s)',
+                       'process launch -> first step (s)'], rows))
+    out.append('\n' + _table(['ratio', 'in process', 'from launch'], [[
+        'cold / warm',
+        _fmt(med['cold']['in_process_s'] / med['warm']['in_process_s']),
+        _fmt(med['cold']['process_s'] / med['warm']['process_s'])]]))
+  return '\n'.join(out)
+
+
+def _machine() -> str:
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      cpu = next(line.split(':', 1)[1].strip() for line in f
+                 if line.startswith('model name'))
+  except (OSError, StopIteration):
+    pass
+  try:
+    import torch  # noqa: PLC0415
+    torch_version = torch.__version__
+    torch_version += f' ({torch.get_num_threads()} threads)'
+  except ImportError:
+    torch_version = 'absent'
+  return (f'{cpu}, {os.cpu_count()} cores; jax {jax.__version__} on '
+          f'{jax.device_count()} {jax.devices()[0].platform} device(s); '
+          f'torch {torch_version}')
+
+
+def main(argv: Sequence[str]) -> None:
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  if FLAGS.first_step_child:
+    _first_step_child(json.loads(FLAGS.first_step_child))
+    return
+  bad = set(FLAGS.sizes) - set(SIZES) or set(FLAGS.sections) - set(SECTIONS)
+  if bad:
+    sys.exit(f'error: unknown {sorted(bad)}; sizes: {", ".join(SIZES)}; '
+             f'sections: {", ".join(SECTIONS)}')
+  try:
+    import torch  # noqa: PLC0415
+    have_torch = True
+    if FLAGS.torch_threads:
+      torch.set_num_threads(FLAGS.torch_threads)
+  except ImportError:
+    have_torch = False
+    print('note: torch is not installed, so the PyTorch rows are skipped '
+          '(pip install -r requirements-bench.txt adds it).')
+  print(_machine(), flush=True)
+  load_before = os.getloadavg()[0]
+  workroot = tempfile.mkdtemp(prefix='meshfit_speed_')
+  cache_dir = os.path.join(workroot, 'jax_cache')
+  results = {'machine': _machine(), 'command': ' '.join(sys.argv),
+             'peaks': {}, 'sizes': {}}
+  try:
+    for size_name in FLAGS.sizes:
+      size = SIZES[size_name]
+      num_steps = FLAGS.steps or size.default_steps
+      print(f'{size_name}: setting up...', flush=True)
+      variants = make_variants(size, make_data(size), FLAGS.sections,
+                               num_steps, workroot, cache_dir, have_torch)
+      try:
+        rates, counts = run_rounds(
+            variants, num_steps, FLAGS.repeats, results['peaks'], have_torch,
+            None if FLAGS.steps else FLAGS.seconds)
+      finally:
+        for v in variants:
+          v.close()
+      results['sizes'][size_name] = {'steps': num_steps, 'counts': counts,
+                                     'repeats': FLAGS.repeats, 'rates': rates}
+      print(f'{size_name}: done', flush=True)
+    if 'first_step' in FLAGS.sections:
+      print('time to first step...', flush=True)
+      results['first_step'] = {
+          'size': FLAGS.first_step_size,
+          'runs': first_step_section(FLAGS.first_step_size, FLAGS.repeats,
+                                     workroot)}
+    if not results['peaks']:
+      results['peaks'] = {k: [v] for k, v in _matmul_peaks(have_torch).items()}
+  finally:
+    shutil.rmtree(workroot, ignore_errors=True)
+  results['load_average'] = [load_before, os.getloadavg()[0]]
+  print()
+  print(f'{results["machine"]}\n1-minute load average {load_before:.1f} '
+        f'before, {os.getloadavg()[0]:.1f} after (other processes share the '
+        'cores: compare ratios, not absolute rates).\n')
+  print(report(results))
+  if FLAGS.json:
+    with open(FLAGS.json, 'w', encoding='utf-8') as f:
+      json.dump(results, f, indent=1)
+
+
+if __name__ == '__main__':
+  app.run(main)
