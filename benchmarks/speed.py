@@ -374,7 +374,22 @@ def _adam_update(params, opt_state, x_BxF, y_BxT, *, dtype, tx, axis=None,
   return optax.apply_updates(params, updates), opt_state, loss
 
 
-class MinimalJit(Variant):
+class _UpdateLoop(Variant):
+  """Steps a jitted or pmapped update over pre-placed batches."""
+
+  def run(self, num_steps: int) -> float:
+    in_flight = _InFlight()
+    start = time.perf_counter()
+    for i in range(num_steps):
+      x, y = self._batches[i % len(self._batches)]
+      self._params, self._opt_state, loss = self._step(
+          self._params, self._opt_state, x, y)
+      in_flight.add(loss)
+    jax.block_until_ready((self._params, loss))
+    return time.perf_counter() - start
+
+
+class MinimalJit(_UpdateLoop):
   """The floor: one jitted, donating step over device-resident batches."""
 
   def __init__(self, size: Size, data: Data, dtype: str = 'float32',
@@ -397,19 +412,9 @@ class MinimalJit(Variant):
         low_precision_grads=low_precision_grads), donate_argnums=(0, 1))
     self.run(2)
 
-  def run(self, num_steps: int) -> float:
-    in_flight = _InFlight()
-    start = time.perf_counter()
-    for i in range(num_steps):
-      x, y = self._batches[i % len(self._batches)]
-      self._params, self._opt_state, loss = self._step(
-          self._params, self._opt_state, x, y)
-      in_flight.add(loss)
-    jax.block_until_ready((self._params, loss))
-    return time.perf_counter() - start
 
 
-class Pmap(Variant):
+class Pmap(_UpdateLoop):
   """JAX 101: `pmap` with params replicated and gradients `pmean`'d."""
 
   def __init__(self, size: Size, data: Data):
@@ -430,18 +435,6 @@ class Pmap(Variant):
                           axis='batch'),
         axis_name='batch', donate_argnums=(0, 1))
     self.run(2)
-
-  def run(self, num_steps: int) -> float:
-    in_flight = _InFlight()
-    start = time.perf_counter()
-    for i in range(num_steps):
-      x, y = self._batches[i % len(self._batches)]
-      self._params, self._opt_state, loss = self._step(
-          self._params, self._opt_state, x, y)
-      in_flight.add(loss)
-    jax.block_until_ready((self._params, loss))
-    return time.perf_counter() - start
-
 
 class Torch(Variant):
   """PyTorch eager on CPU: nn.Sequential, Adam, MSE; bf16 via autocast.
