@@ -2,22 +2,12 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from cli_helpers import run_train
 
-
-def run(*args, devices=8, check=None):
-  env = dict(os.environ,
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
-  proc = subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=300)
-  if check is not None:
-    assert proc.returncode == check, proc.stderr[-3000:]
-  return proc
+run = run_train
 
 
 def assert_usage_error(proc, message):

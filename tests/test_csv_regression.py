@@ -12,8 +12,8 @@ import sys  # noqa: E402
 
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from cli_helpers import regression_frame  # noqa: E402
 
 import input_pipeline  # noqa: E402
 from configs import csv as csv_config  # noqa: E402
@@ -24,13 +24,7 @@ from meshfit.errors import UsageError  # noqa: E402
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _frame(n: int, seed: int) -> pd.DataFrame:
-  """y = 3 a - 2 b + 0.1 noise, z = a b; 'id' is text, 'c' is noise."""
-  rng = np.random.default_rng(seed)
-  a, b, c = rng.normal(size=(3, n))
-  return pd.DataFrame({'id': [f'r{seed}_{i}' for i in range(n)], 'a': a,
-                       'b': b, 'c': c, 'y': 3 * a - 2 * b + 0.1 * c,
-                       'z': a * b})
+_frame = regression_frame
 
 
 def _dataset(tmp_path, train: str, eval_: str, targets=('y',), features=()

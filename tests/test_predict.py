@@ -1,43 +1,29 @@
 """--mode=predict end to end, and the pictures that eval and training draw."""
 
+import functools
 import json
 import os
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from cli_helpers import regression_frame, run_train
 from meshfit import predict_lib
 from meshfit.errors import UsageError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
-def run(*args, devices=4, check=None):
-  env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
-  proc = subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=300)
-  if check is not None:
-    assert proc.returncode == check, proc.stderr[-3000:]
-  return proc
+run = functools.partial(run_train, devices=4)
 
 
 def _json(proc):
   return json.loads(proc.stdout[proc.stdout.index('{'):])
 
 
-def _frame(n: int, seed: int) -> pd.DataFrame:
-  """y = 3 a - 2 b + 0.1 c and z = a b, with a text id column."""
-  rng = np.random.default_rng(seed)
-  a, b, c = rng.normal(size=(3, n))
-  return pd.DataFrame({'id': [f'r{seed}_{i}' for i in range(n)], 'a': a,
-                       'b': b, 'c': c, 'y': 3 * a - 2 * b + 0.1 * c,
-                       'z': a * b})
+_frame = regression_frame
 
 
 @pytest.fixture(scope='module')

@@ -1,0 +1,31 @@
+"""What the tests that drive train.py as users do share."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_train(*args: str, devices: int = 8,
+              check: int | None = None) -> subprocess.CompletedProcess:
+  """`python train.py ARGS` on `devices` virtual CPU devices, from the repo."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
+  proc = subprocess.run([sys.executable, 'train.py', *args], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300)
+  if check is not None:
+    assert proc.returncode == check, proc.stderr[-3000:]
+  return proc
+
+
+def regression_frame(n: int, seed: int) -> pd.DataFrame:
+  """y = 3 a - 2 b + 0.1 c and z = a b, with a text 'id' column."""
+  rng = np.random.default_rng(seed)
+  a, b, c = rng.normal(size=(3, n))
+  return pd.DataFrame({'id': [f'r{seed}_{i}' for i in range(n)], 'a': a,
+                       'b': b, 'c': c, 'y': 3 * a - 2 * b + 0.1 * c,
+                       'z': a * b})
