@@ -9,7 +9,7 @@ float64, turned into original units at the end.
 import collections
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -81,6 +81,22 @@ class RegressionSums(clu_metrics.Metric):
     return {name: float(np.mean(v)) for name, v in per_target.items()}
 
 
+def fetched(outputs: Iterable[Any], max_in_flight: int) -> Iterator[Any]:
+  """Device outputs brought to the host in order, dispatching lazily.
+
+  At most `max_in_flight` drawn outputs are left unfinished: queueing every
+  batch of a split at once deadlocks XLA:CPU's collectives (in-process with
+  many virtual devices, and cross-process with gloo).
+  """
+  pending = collections.deque()
+  for output in outputs:
+    pending.append(output)
+    if len(pending) > max_in_flight:
+      yield jax.device_get(pending.popleft())
+  while pending:
+    yield jax.device_get(pending.popleft())
+
+
 def host_sum(batch_sums: Iterable[RegressionSums], num_targets: int,
              max_in_flight: int) -> RegressionSums:
   """Adds per-batch device sums on the host in float64.
@@ -88,27 +104,15 @@ def host_sum(batch_sums: Iterable[RegressionSums], num_targets: int,
   Args:
     batch_sums: the eval steps' outputs, dispatched lazily as they are drawn.
     num_targets: T, the length of the per-target sums.
-    max_in_flight: how many dispatched batches may be unfinished. Queueing
-      every batch of a split at once deadlocks XLA:CPU's cross-process (gloo)
-      collectives.
+    max_in_flight: how many dispatched batches may be unfinished.
 
   Returns:
     The sums over every batch, as float64 numpy values.
   """
   total = RegressionSums.empty_host(num_targets)
-  pending = collections.deque()
-
-  def add_oldest():
-    nonlocal total
+  for sums in fetched(batch_sums, max_in_flight):
     total = jax.tree.map(lambda a, b: a + np.asarray(b, np.float64),
-                         total, jax.device_get(pending.popleft()))
-
-  for sums in batch_sums:
-    pending.append(sums)
-    while len(pending) > max_in_flight:
-      add_oldest()
-  while pending:
-    add_oldest()
+                         total, sums)
   return total
 
 

@@ -82,12 +82,14 @@ def predict_table(setup: Setup, state: state_lib.TrainState,
   """
   predict_step = steps.jit_predict_step(setup.graphdef, setup.shardings,
                                         setup.mesh)
-  preds = [predict_step(state, batch['x']) for batch in loader.eval_batches(
-      x_NxF, None, batch_size=batch_size,
-      sharding=sharding.batch_sharding(setup.mesh))]
+  batch_preds = (predict_step(state, batch['x']) for batch in
+                 loader.eval_batches(x_NxF, None, batch_size=batch_size,
+                                     sharding=sharding.batch_sharding(
+                                         setup.mesh)))
+  preds = list(metrics.fetched(batch_preds, MAX_STEPS_IN_FLIGHT))
   if not preds:
     return np.zeros((0, setup.spec.num_targets), np.float32)
-  return np.concatenate(jax.device_get(preds))[:x_NxF.shape[0]]
+  return np.concatenate(preds)[:x_NxF.shape[0]]
 
 
 def evaluate_table(setup: Setup, state: state_lib.TrainState, table: Table,

@@ -30,3 +30,15 @@ def test_host_sum_adds_every_batch_with_at_most_two_in_flight(monkeypatch):
   assert len(fetched) == 10
   assert total.count == sum(range(10)) and total.count.dtype == np.float64
   np.testing.assert_array_equal(total.sae_T, [20.0, 20.0])
+
+
+def test_fetched_keeps_order_and_at_most_two_in_flight(monkeypatch):
+  got = []
+  monkeypatch.setattr(metrics.jax, 'device_get', lambda x: got.append(x) or x)
+
+  def dispatched():
+    for i in range(7):
+      assert i - len(got) <= 2, (i, len(got))
+      yield i
+
+  assert list(metrics.fetched(dispatched(), 2)) == list(range(7))
