@@ -13,7 +13,8 @@ rate) and number of steps run through:
 
 plus bfloat16-compute variants, meshfit with checkpoints every 50 steps, the
 input pipeline alone and, for the sizes where host overhead matters, a ladder
-that adds meshfit's pieces one at a time and two prototypes of a faster loop.
+from meshfit's bare jitted calls (1 step each, then as many as meshfit runs
+per call) to its whole loop.
 Time to the first step (cold, warm and without the persistent compilation
 cache) is measured in fresh processes.
 
@@ -44,6 +45,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import platform
@@ -74,6 +76,7 @@ from input_pipeline import loader  # noqa: E402
 from input_pipeline.tables import Table  # noqa: E402
 from meshfit import sharding, state as state_lib, steps, train_lib  # noqa: E402
 from meshfit.normalization import Normalizer  # noqa: E402
+from models.mlp import MlpConfig  # noqa: E402
 
 SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
             'first_step')
@@ -103,10 +106,6 @@ LEARNING_RATE = 1e-3
 # Distinct batches cycled through by the loops over in-memory arrays; the
 # meshfit tables hold this many batches' worth of rows.
 NUM_BATCHES = 8
-# meshfit steps before the timed window: compilation, prefetch fill.
-WARMUP_STEPS = 3
-# Steps per call of the lax.scan prototypes.
-SCAN_STEPS = 16
 MATMUL_N = 2048  # square matmul of the peak measurement
 
 
@@ -203,9 +202,9 @@ class Variant:
 class _InFlight:
   """Bounds dispatched steps where XLA:CPU collectives need it (>1 device)."""
 
-  def __init__(self):
-    self._limit = (train_lib.MAX_STEPS_IN_FLIGHT if jax.device_count() > 1
-                   else None)
+  def __init__(self, always: bool = False):
+    self._limit = (train_lib.MAX_STEPS_IN_FLIGHT
+                   if always or jax.device_count() > 1 else None)
     self._pending = collections.deque()
 
   def add(self, loss: Any) -> None:
@@ -215,8 +214,26 @@ class _InFlight:
     if len(self._pending) > self._limit:
       jax.block_until_ready(self._pending.popleft())
 
+  def drain(self) -> None:
+    while self._pending:
+      jax.block_until_ready(self._pending.popleft())
 
-def _meshfit_config(size: Size, *, dtype: str, num_train_steps: int,
+
+def _steps_per_call(config, size: Size) -> int:
+  return train_lib.steps_per_call(config, state_lib.ModelSpec(
+      MlpConfig(**config.model), size.num_features, size.num_targets))
+
+
+def _calls(config, size: Size,
+           num_train_steps: int) -> Iterator[tuple[int, int]]:
+  """meshfit's grouping of steps into calls under `config`."""
+  return loader.chunk_plan(0, num_train_steps, _steps_per_call(config, size),
+                           periods=(config.log_every_steps,
+                                    config.eval_every_steps,
+                                    config.checkpoint_every_steps))
+
+
+def _meshfit_config(size: Size, *, dtype: str, num_train_steps: int | None,
                     checkpoint_every_steps: int | None, cache_dir: str):
   config = default.get_config()
   config.model.hidden_sizes = size.hidden_sizes
@@ -226,11 +243,13 @@ def _meshfit_config(size: Size, *, dtype: str, num_train_steps: int,
   config.optimizer.learning_rate = LEARNING_RATE
   config.batch_size = size.batch_size
   config.eval_batch_size = size.batch_size
-  config.num_train_steps = num_train_steps
   # One evaluation, after the last step; checkpoints as asked, else only the
   # final one (also after the timed window).
-  config.eval_every_steps = num_train_steps
-  config.checkpoint_every_steps = checkpoint_every_steps or num_train_steps
+  big = 10**9  # no event before the run's end (None: decided by the caller)
+  config.num_train_steps = num_train_steps or big
+  config.eval_every_steps = num_train_steps or big
+  config.checkpoint_every_steps = (checkpoint_every_steps or num_train_steps
+                                   or big)
   config.compilation_cache_dir = cache_dir
   return config
 
@@ -243,23 +262,25 @@ class _StopTraining(Exception):
 def meshfit_hooks(splits: input_pipeline.Splits, step_times: list[float],
                   wait_for: Sequence[int] = (), stop_after: int | None = None
                   ) -> Iterator[None]:
-  """Feeds meshfit `splits` and timestamps its train-step calls.
+  """Feeds meshfit `splits` and timestamps its jitted train calls.
 
   Args:
     splits: what `input_pipeline.load_splits` returns meanwhile.
-    step_times: gets one `time.perf_counter()` per call of the step.
+    step_times: gets one `time.perf_counter()` per call (of up to
+      `steps_per_call` steps).
     wait_for: calls (1-based) whose results are waited for before their
       timestamp: the ends of a timed window. Other calls are timestamped as
-      they return (the loop itself keeps them within two steps of done).
+      they return (the loop itself keeps them within two calls of done).
     stop_after: raise `_StopTraining` after this many calls.
   """
-  load_splits, jit_train_step = input_pipeline.load_splits, steps.jit_train_step
+  load_splits, jit_train_steps = (input_pipeline.load_splits,
+                                  steps.jit_train_steps)
 
-  def timed_jit_train_step(*args, **kwargs):
-    step_fn = jit_train_step(*args, **kwargs)
+  def timed_jit_train_steps(*args, **kwargs):
+    steps_fn = jit_train_steps(*args, **kwargs)
 
-    def timed(state, batch):
-      out = step_fn(state, batch)
+    def timed(state, table, chunk):
+      out = steps_fn(state, table, chunk)
       if len(step_times) + 1 in wait_for:
         jax.block_until_ready(out)
       step_times.append(time.perf_counter())
@@ -269,12 +290,12 @@ def meshfit_hooks(splits: input_pipeline.Splits, step_times: list[float],
     return timed
 
   input_pipeline.load_splits = lambda dataset: splits
-  steps.jit_train_step = timed_jit_train_step
+  steps.jit_train_steps = timed_jit_train_steps
   try:
     yield
   finally:
     input_pipeline.load_splits = load_splits
-    steps.jit_train_step = jit_train_step
+    steps.jit_train_steps = jit_train_steps
 
 
 class Meshfit(Variant):
@@ -295,21 +316,27 @@ class Meshfit(Variant):
     self._splits = data.splits(eval_rows=size.batch_size)
 
   def run(self, num_steps: int) -> float:
+    # The first call (compilation, prefetch fill) is not timed.
     config = _meshfit_config(
-        self._size, dtype=self.dtype,
-        num_train_steps=WARMUP_STEPS + num_steps,
+        self._size, dtype=self.dtype, num_train_steps=None,
         checkpoint_every_steps=self._checkpoint_every_steps,
         cache_dir=self._cache_dir)
+    first = next(_calls(config, self._size, config.num_train_steps))[1]
+    config.num_train_steps = first + num_steps
+    config.eval_every_steps = config.num_train_steps
+    if not self._checkpoint_every_steps:
+      config.checkpoint_every_steps = config.num_train_steps
+    calls = list(_calls(config, self._size, config.num_train_steps))
+    assert calls[0][1] == first
     workdir = tempfile.mkdtemp(dir=self._workroot)
     times = []
     try:
-      # From step WARMUP_STEPS done to the last step done: num_steps steps.
-      with meshfit_hooks(self._splits, times,
-                         wait_for=(WARMUP_STEPS, WARMUP_STEPS + num_steps)):
+      # From the first call done to the last call done: num_steps steps.
+      with meshfit_hooks(self._splits, times, wait_for=(1, len(calls))):
         train_lib.train_and_evaluate(config, workdir)
     finally:
       shutil.rmtree(workdir, ignore_errors=True)
-    return times[-1] - times[WARMUP_STEPS - 1]
+    return times[-1] - times[0]
 
 
 def _init_mlp(size: Size, seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
@@ -491,165 +518,114 @@ class Torch(Variant):
     return time.perf_counter() - start
 
 
-class Pipeline(Variant):
-  """meshfit's TrainLoader alone: global device batches, nothing trained."""
-
-  def __init__(self, size: Size, data: Data):
-    self.name = 'input pipeline alone'
-    self.max_steps_factor = 100  # a batch costs far less than a step
-    self._size, self._data = size, data
-    self._sharding = sharding.batch_sharding(sharding.make_mesh(-1, 1))
-
-  def run(self, num_steps: int) -> float:
-    batches = loader.TrainLoader(
-        self._data.x_NxF, self._data.y_NxT, batch_size=self._size.batch_size,
-        seed=0, sharding=self._sharding,
-        prefetch=default.get_config().dataset.prefetch_batches)
-    try:
-      jax.block_until_ready(next(batches))
-      start = time.perf_counter()
-      for _ in range(num_steps):
-        jax.block_until_ready(next(batches))
-      return time.perf_counter() - start
-    finally:
-      batches.close()
-
-
 class _MeshfitParts:
-  """meshfit's set-up, state and jitted step, without its loop."""
+  """meshfit's set-up, state and input pipeline, without its loop."""
 
   def __init__(self, size: Size, data: Data):
-    config = _meshfit_config(size, dtype='float32', num_train_steps=1,
+    config = _meshfit_config(size, dtype='float32', num_train_steps=None,
                              checkpoint_every_steps=None, cache_dir='')
     self.config, self.data, self.size = config, data, size
     self.setup = train_lib.make_setup(config, size.num_features,
                                       size.num_targets)
-    self.batch_sharding = sharding.batch_sharding(self.setup.mesh)
+    self.norm = Normalizer.fit(data.x_NxF, data.y_NxT)  # host arrays
     self.state = state_lib.create_train_state(
         self.setup.spec, self.setup.tx, self.setup.mesh, config.seed,
-        Normalizer.fit(data.x_NxF, data.y_NxT))
+        self.norm)
+    self.resident = train_lib._fits_on_device(  # pylint: disable=protected-access
+        data.splits(1).train, config.dataset.resident_table_mb)
+
+  def chunks(self, steps_per_call: int) -> loader.TrainLoader:
+    """The training loop's TrainLoader, in calls of `steps_per_call`."""
+    return loader.TrainLoader(
+        self.data.x_NxF, self.data.y_NxT, batch_size=self.size.batch_size,
+        seed=0, mesh=self.setup.mesh,
+        chunk_sizes=itertools.repeat(steps_per_call),
+        steps_per_call=steps_per_call, resident=self.resident,
+        prefetch=self.config.dataset.prefetch_batches)
+
+  def table(self, batches: loader.TrainLoader) -> dict[str, jax.Array]:
+    if not self.resident:
+      return {}
+    return steps.jit_standardize(self.setup.mesh)(self.norm,
+                                                  batches.device_table())
 
 
-class MeshfitLadder(Variant):
-  """meshfit's jitted step with some of its loop's pieces around it.
+class Pipeline(Variant):
+  """meshfit's input pipeline alone: the batches of each call on device.
 
-  `watch`: the loop's _LossWatch (a host sync on the loss of step s-2).
-  `loader`: batches from TrainLoader instead of prepared device batches.
+  The TrainLoader's chunks plus what the jitted call does with them before
+  the model sees a batch (gathering the rows of the resident table, or
+  standardising streamed rows), for every batch of the call; nothing trained.
   """
 
-  def __init__(self, size: Size, data: Data, *, watch: bool, loader: bool):
-    parts = _MeshfitParts(size, data)
-    self.name = 'mf: jitted step' + (' + loss watch' if watch else '') + (
-        ' + TrainLoader' if loader else '')
-    self._parts, self._watch, self._loader = parts, watch, loader
-    self._step = steps.jit_train_step(
-        parts.setup.graphdef, parts.setup.tx, parts.setup.shardings,
-        parts.setup.mesh, parts.config.log_every_steps)
-    self._state = parts.state
-    self._batches = [
-        {'x': jax.device_put(x, parts.batch_sharding),
-         'y': jax.device_put(y, parts.batch_sharding)}
-        for x, y in data.batches(size.batch_size)]
-    self.run(2)
+  def __init__(self, size: Size, data: Data):
+    self.name = 'input pipeline alone'
+    self.max_steps_factor = 100  # a batch costs far less than a step
+    self._parts = _MeshfitParts(size, data)
+    self._k = _steps_per_call(self._parts.config, size)
+    batch_sharding = NamedSharding(self._parts.setup.mesh,
+                                   P(None, sharding.DATA))
+
+    def batches(norm, table_z, chunk):
+      if 'idx' in chunk:
+        out = {name: a[chunk['idx']] for name, a in table_z.items()}
+      else:
+        out = steps.standardize(norm, {'x': chunk['x'], 'y': chunk['y']})
+      return jax.lax.with_sharding_constraint(out, batch_sharding)
+    self._batches = jax.jit(batches)
 
   def run(self, num_steps: int) -> float:
     parts = self._parts
-    batches = None
-    if self._loader:
-      batches = loader.TrainLoader(
-          parts.data.x_NxF, parts.data.y_NxT,
-          batch_size=parts.size.batch_size, seed=0,
-          sharding=parts.batch_sharding,
-          prefetch=parts.config.dataset.prefetch_batches)
-      jax.block_until_ready(next(batches))
-    watch = train_lib._LossWatch() if self._watch else None  # pylint: disable=protected-access
-    in_flight = _InFlight()
+    chunks = parts.chunks(self._k)
     try:
+      table_z = parts.table(chunks)
+      norm = parts.norm
+      _, chunk = next(chunks)
+      jax.block_until_ready(self._batches(norm, table_z, chunk))
+      calls = -(-num_steps // self._k)
+      in_flight = _InFlight(always=True)
       start = time.perf_counter()
-      for i in range(num_steps):
-        batch = (next(batches) if batches is not None
-                 else self._batches[i % len(self._batches)])
-        self._state, loss = self._step(self._state, batch)
-        if watch is not None:
-          watch.add(i, loss)
-        else:
-          in_flight.add(loss)
-      if watch is not None:
-        watch.drain()
-      jax.block_until_ready(self._state)
-      return time.perf_counter() - start
+      for _ in range(calls):
+        _, chunk = next(chunks)
+        in_flight.add(self._batches(norm, table_z, chunk))
+      in_flight.drain()
+      return (time.perf_counter() - start) * num_steps / (calls * self._k)
     finally:
-      if batches is not None:
-        batches.close()
+      chunks.close()
 
 
-class ResidentScan(Variant):
-  """Prototype: the table resident on device, k steps per call.
-
-  meshfit's own `steps.train_step` inside a `lax.scan` over k batches that
-  are gathered on device from the resident table by the loader's indices
-  (the same examples in the same order); the host sends k x B int32
-  indices per call and checks the previous call's losses, one call late.
-  """
+class MeshfitCalls(Variant):
+  """meshfit's jitted train calls and TrainLoader, without the rest of its
+  loop (no loss checks, logging, evaluation or checkpoints)."""
 
   def __init__(self, size: Size, data: Data, steps_per_call: int):
     parts = _MeshfitParts(size, data)
-    self.name = f'proto: resident table, {steps_per_call} step/call'
+    self.name = f'mf: train calls of {steps_per_call} step' + (
+        's' if steps_per_call > 1 else '')
     self._parts, self._k = parts, steps_per_call
-    setup = parts.setup
-    replicated = sharding.replicated(setup.mesh)
-    self._x_NxF = jax.device_put(data.x_NxF, replicated)
-    self._y_NxT = jax.device_put(data.y_NxT, replicated)
-    self._idx_sharding = NamedSharding(setup.mesh, P(None, sharding.DATA))
-    train_step = functools.partial(
-        steps.train_step, graphdef=setup.graphdef, tx=setup.tx,
-        log_every_steps=parts.config.log_every_steps)
-    batch_sharding = parts.batch_sharding
-
-    def multi_step(state, x_NxF, y_NxT, idx_KxB):
-      def body(state, idx_B):
-        batch = jax.lax.with_sharding_constraint(
-            {'x': x_NxF[idx_B], 'y': y_NxT[idx_B]}, batch_sharding)
-        return train_step(state, batch)
-      return jax.lax.scan(body, state, idx_KxB)
-
-    self._multi_step = jax.jit(
-        multi_step, donate_argnums=0,
-        in_shardings=(setup.shardings, replicated, replicated,
-                      self._idx_sharding),
-        out_shardings=(setup.shardings, replicated))
+    self._step = steps.jit_train_steps(
+        parts.setup.graphdef, parts.setup.tx, parts.setup.shardings,
+        parts.setup.mesh, parts.config.log_every_steps)
     self._state = parts.state
-    self._position = 0
-    self._perms = {}
     self.run(2 * steps_per_call)
 
-  def _indices_KxB(self) -> np.ndarray:
-    n, b = self._parts.data.x_NxF.shape[0], self._parts.size.batch_size
-    entries = self._position + np.arange(self._k * b)
-    self._position += self._k * b
-    epochs = entries // n
-    out = np.empty(entries.shape, np.int32)
-    for epoch in np.unique(epochs):
-      if epoch not in self._perms:
-        self._perms = {epoch: loader.epoch_permutation(0, int(epoch), n)}
-      sel = epochs == epoch
-      out[sel] = self._perms[epoch][entries[sel] % n]
-    return out.reshape(self._k, b)
-
   def run(self, num_steps: int) -> float:
-    calls = -(-num_steps // self._k)
-    previous = None
-    start = time.perf_counter()
-    for _ in range(calls):
-      idx_KxB = jax.device_put(self._indices_KxB(), self._idx_sharding)
-      self._state, losses_K = self._multi_step(
-          self._state, self._x_NxF, self._y_NxT, idx_KxB)
-      if previous is not None and not np.isfinite(np.asarray(previous)).all():
-        raise FloatingPointError('non-finite loss')
-      previous = losses_K
-    jax.block_until_ready((self._state, previous))
-    # Per step: the last call may run a few more than asked.
-    return (time.perf_counter() - start) * num_steps / (calls * self._k)
+    chunks = self._parts.chunks(self._k)
+    try:
+      table_z = self._parts.table(chunks)
+      calls = -(-num_steps // self._k)
+      in_flight = _InFlight(always=True)
+      start = time.perf_counter()
+      for _ in range(calls):
+        _, chunk = next(chunks)
+        self._state, losses, _ = self._step(self._state, table_z, chunk)
+        in_flight.add(losses)
+      in_flight.drain()
+      jax.block_until_ready(self._state)
+      # Per step: the last call may run a few more than asked.
+      return (time.perf_counter() - start) * num_steps / (calls * self._k)
+    finally:
+      chunks.close()
 
 
 # ---------------------------------------------------------------------------
@@ -775,11 +751,10 @@ def make_variants(size: Size, data: Data, sections: Sequence[str],
   if 'pipeline' in sections:
     v.append(Pipeline(size, data))
   if 'breakdown' in sections and size.breakdown:
-    v.append(MeshfitLadder(size, data, watch=False, loader=False))
-    v.append(MeshfitLadder(size, data, watch=True, loader=False))
-    v.append(MeshfitLadder(size, data, watch=True, loader=True))
-    v.append(ResidentScan(size, data, steps_per_call=1))
-    v.append(ResidentScan(size, data, steps_per_call=SCAN_STEPS))
+    v.append(MeshfitCalls(size, data, steps_per_call=1))
+    config = _meshfit_config(size, dtype='float32', num_train_steps=None,
+                             checkpoint_every_steps=None, cache_dir='')
+    v.append(MeshfitCalls(size, data, _steps_per_call(config, size)))
   return v
 
 
@@ -863,8 +838,7 @@ def report(results: dict[str, Any]) -> str:
                f'{res["repeats"]} rounds\n')
     rows = []
     for name, r in rates.items():
-      if (name.startswith('mf:') or 'resident' in name
-          or 'pipeline' in name):
+      if name.startswith('mf:') or 'pipeline' in name:
         continue
       best = max(r)
       gflops = best * size.flops_per_step / 1e9
@@ -900,21 +874,20 @@ def report(results: dict[str, Any]) -> str:
     if extra:
       out.append('\n' + _table(['ratio', 'value'], extra))
 
-    ladder = [n for n in rates if n.startswith('mf:') or 'resident' in n]
+    ladder = [n for n in rates if n.startswith('mf:')]
     if ladder:
       rows = []
       previous = None
-      for name in ['jit'] + ladder[:3] + ['meshfit'] + ladder[3:]:
+      for name in ['jit'] + ladder + ['meshfit']:
         best = max(rates[name])
         us = 1e6 / best
-        delta = '' if previous is None or name.startswith('proto') else (
-            f'{us - previous:+.0f}')
+        delta = '' if previous is None else f'{us - previous:+.0f}'
         rows.append([name, f'{best:,.0f}', f'{us:,.0f}', delta,
                      _fmt(_ratio(rates, name, 'jit')),
                      _fmt(_ratio(rates, name, 'meshfit'))])
         previous = us
-      out.append('\nWhere the time goes (each row adds a piece of meshfit; '
-                 '"proto" rows are prototypes):\n')
+      out.append('\nWhere the time goes (meshfit\'s jitted calls and '
+                 'TrainLoader alone, then its whole loop):\n')
       out.append(_table(['variant', 'steps/s', 'us/step', '+us', 'x jit',
                          'x meshfit'], rows))
 

@@ -10,20 +10,25 @@ entries [s * B, (s + 1) * B). The batch therefore holds the same examples
 whatever the number of processes and devices, and the whole input position
 is a single integer (`position`, entries consumed) saved in every checkpoint.
 
-Placement. Each process gathers only the rows that its own devices hold
-under the batch sharding and hands them to
-`jax.make_array_from_process_local_data`, which assembles the global array.
+Placement. Training runs several steps per jitted call, so the loader hands
+out chunks of batches. A table that fits is copied once to every device and
+a chunk is then only the batches' row indices; the devices gather the rows.
+Larger tables are streamed: the chunk holds the rows. Either way each process
+prepares only the part of each batch that its own devices hold under the
+batch sharding and hands it to `jax.make_array_from_process_local_data`,
+which assembles the global array.
 """
 
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from meshfit import sharding
 from meshfit.errors import UsageError
 
 
@@ -97,24 +102,80 @@ class _Prefetcher:
     self._thread.join()
 
 
-class TrainLoader:
-  """An endless, deterministic iterator of global training batches.
+def chunk_plan(first_step: int, last_step: int, steps_per_call: int,
+               periods: Iterable[int] = (),
+               stops: Iterable[int] = ()) -> Iterator[tuple[int, int]]:
+  """How steps first_step+1..last_step are grouped into calls.
 
-  Yields dicts `{'x': x_BxF, 'y': y_BxT}` of global `jax.Array`s sharded by
-  `sharding`. `position` is the number of stream entries consumed by the
-  batches handed out so far (prefetched ones do not count).
+  A call ends at the next multiple of `steps_per_call`, of any of `periods`
+  (logging, evaluation, checkpoints), at any of `stops`, or at `last_step`,
+  whichever comes first. Boundaries are absolute step numbers, so a run
+  resumed from any call's end groups the rest of its steps as the
+  uninterrupted run does.
+
+  Yields:
+    (steps done before the call, steps in the call).
+  """
+  periods = [p for p in (steps_per_call, *periods) if p > 0]
+  stops = sorted(s for s in stops if first_step < s < last_step)
+  step = first_step
+  while step < last_step:
+    end = min([last_step] + [(step // p + 1) * p for p in periods] +
+              [s for s in stops if s > step][:1])
+    yield step, end - step
+    step = end
+
+
+class TrainLoader:
+  """Deterministic chunks of training batches, one chunk per jitted call.
+
+  Each chunk holds the next `num_steps` (at most `steps_per_call`) global
+  batches of the stream, padded to `steps_per_call`, in one of two forms:
+
+  - resident (`device_table()` was uploaded): `{'idx': idx_KxB}`, the table
+    rows of each batch; the jitted call gathers them from the device-resident
+    table. A call then moves K x B int32 to the devices instead of K x B rows.
+  - streamed: `{'x': x_KxBxF, 'y': y_KxBxT}`, the rows themselves, for tables
+    too large to hold on every device.
+
+  Either way the chunk also carries `num_steps` (a replicated int32), and
+  arrays are global, sharded over 'data' along the batch dimension.
+  `position` is the number of stream entries consumed by the chunks handed
+  out so far (prefetched ones do not count).
   """
 
   def __init__(self, x_NxF: np.ndarray, y_NxT: np.ndarray, *,
-               batch_size: int, seed: int, sharding: NamedSharding,
-               position: int = 0, prefetch: int = 2):
-    check_batch_size(batch_size, sharding, 'batch_size')
+               batch_size: int, seed: int, mesh: Mesh,
+               chunk_sizes: Iterable[int], steps_per_call: int,
+               resident: bool, position: int = 0, prefetch: int = 2):
+    """Starts preparing chunks in a background thread.
+
+    Args:
+      x_NxF: the training features.
+      y_NxT: the training targets.
+      batch_size: global batch size.
+      seed: seeds the order of every epoch.
+      mesh: the device mesh; batches are split over its 'data' axis.
+      chunk_sizes: the steps of each call, in order (see `chunk_plan`).
+      steps_per_call: the most steps of a call (the chunks' padded length).
+      resident: gather batches on device from `device_table()`; else stream
+        the rows from the host.
+      position: stream entries consumed before the first chunk.
+      prefetch: chunks prepared ahead.
+    """
+    self._sharding = sharding.batch_sharding(mesh)
+    check_batch_size(batch_size, self._sharding, 'batch_size')
     self._x, self._y = x_NxF, y_NxT
     self._batch_size = batch_size
     self._seed = seed
-    self._sharding = sharding
-    self._rows = process_rows(sharding, batch_size)
+    self._mesh = mesh
+    self._k = steps_per_call
+    self.resident = resident
+    self._rows = process_rows(self._sharding, batch_size)
+    self._chunk_sharding = NamedSharding(mesh, P(None, sharding.DATA))
+    self._replicated = sharding.replicated(mesh)
     self._perms: dict[int, np.ndarray] = {}
+    self._sizes = iter(chunk_sizes)
     self.position = position
     self._next_produced = position
     self._prefetcher = _Prefetcher(self._produce, prefetch)
@@ -123,10 +184,22 @@ class TrainLoader:
   def num_examples(self) -> int:
     return self._x.shape[0]
 
-  def indices(self, position: int) -> np.ndarray:
-    """Table rows of this process's part of the batch that starts at `position`."""
+  def device_table(self) -> dict[str, jax.Array]:
+    """The whole table on every device (resident mode): {'x', 'y'}."""
+    return {name: jax.make_array_from_process_local_data(
+        self._replicated, table, table.shape)
+            for name, table in (('x', self._x), ('y', self._y))}
+
+  def indices(self, position: int, num_batches: int = 1) -> np.ndarray:
+    """Table rows of this process's part of `num_batches` batches.
+
+    Returns:
+      rows_KxB: row k holds this process's entries of the batch that starts
+      at stream entry `position + k * batch_size`.
+    """
     n = self.num_examples
-    entries = position + np.arange(self._rows.start, self._rows.stop)
+    entries = (position + self._batch_size * np.arange(num_batches)[:, None]
+               + np.arange(self._rows.start, self._rows.stop)[None, :])
     epochs = entries // n
     out = np.empty(entries.shape, np.int64)
     for epoch in np.unique(epochs):
@@ -138,21 +211,31 @@ class TrainLoader:
       out[sel] = self._perms[epoch][entries[sel] % n]
     return out
 
-  def _produce(self) -> dict[str, jax.Array]:
-    idx = self.indices(self._next_produced)
-    self._next_produced += self._batch_size
-    return {name: jax.make_array_from_process_local_data(
-        self._sharding, table[idx],
-        (self._batch_size,) + table.shape[1:])
-            for name, table in (('x', self._x), ('y', self._y))}
+  def _produce(self) -> tuple[int, dict[str, jax.Array]]:
+    num_steps = next(self._sizes, None)
+    if num_steps is None:
+      raise StopIteration('the chunk plan is exhausted')
+    idx_KxB = np.zeros((self._k, self._rows.stop - self._rows.start),
+                       np.int64)
+    idx_KxB[:num_steps] = self.indices(self._next_produced, num_steps)
+    self._next_produced += num_steps * self._batch_size
+    local = ({'idx': idx_KxB.astype(np.int32)} if self.resident else
+             {'x': self._x[idx_KxB], 'y': self._y[idx_KxB]})
+    chunk = {name: jax.make_array_from_process_local_data(
+        self._chunk_sharding, a, (self._k, self._batch_size) + a.shape[2:])
+             for name, a in local.items()}
+    chunk['num_steps'] = jax.make_array_from_process_local_data(
+        self._replicated, np.int32(num_steps), ())
+    return num_steps, chunk
 
-  def __iter__(self) -> Iterator[dict[str, jax.Array]]:
+  def __iter__(self) -> Iterator[tuple[int, dict[str, jax.Array]]]:
     return self
 
-  def __next__(self) -> dict[str, jax.Array]:
-    batch = self._prefetcher.get()
-    self.position += self._batch_size
-    return batch
+  def __next__(self) -> tuple[int, dict[str, jax.Array]]:
+    """(steps in the chunk, the chunk)."""
+    num_steps, chunk = self._prefetcher.get()
+    self.position += num_steps * self._batch_size
+    return num_steps, chunk
 
   def close(self):
     self._prefetcher.close()

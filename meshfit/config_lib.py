@@ -27,7 +27,8 @@ EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
 # also stretches or shrinks the warmup_cosine schedule from that step on.)
 RESUME_SAFE_KEYS = EVAL_KEYS + (
     'num_train_steps', 'log_every_steps', 'eval_every_steps',
-    'checkpoint_every_steps', 'max_checkpoints_to_keep')
+    'checkpoint_every_steps', 'max_checkpoints_to_keep', 'steps_per_call',
+    'dataset.resident_table_mb', 'profile_start_step', 'profile_num_steps')
 
 
 def _require(ok: bool, message: str) -> None:
@@ -132,8 +133,12 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
 
   for key in ('batch_size', 'eval_batch_size', 'num_train_steps',
               'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
-              'max_checkpoints_to_keep'):
+              'max_checkpoints_to_keep', 'profile_num_steps'):
     _positive_int(config, key)
+  for key in ('dataset.resident_table_mb', 'profile_start_step',
+              'steps_per_call'):
+    _require(isinstance(get(config, key), int) and get(config, key) >= 0,
+             f'{key}={get(config, key)!r} must be an integer >= 0')
 
   cache_dir = config.compilation_cache_dir
   _require(isinstance(cache_dir, str)

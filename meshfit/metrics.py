@@ -7,6 +7,7 @@ float64, turned into original units at the end.
 """
 
 import collections
+import concurrent.futures
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -200,3 +201,37 @@ def create_writer(workdir: str, is_main: bool) -> metric_writers.MetricWriter:
       metric_writers.create_default_writer(workdir, asynchronous=False),
       JsonlWriter(os.path.join(workdir, 'metrics.jsonl')),
   ])
+
+
+class AsyncWriter:
+  """Hands writes to a background thread: the loop never waits on file I/O.
+
+  Values may still be JAX scalars; they are converted in the thread. `flush`
+  waits for every write so far and raises the first error of any of them.
+  """
+
+  def __init__(self, writer: metric_writers.MetricWriter):
+    self._writer = writer
+    self._pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=1, thread_name_prefix='meshfit-metrics')
+    self._pending: list[concurrent.futures.Future] = []
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    self._pending = [f for f in self._pending if not f.done() or
+                     f.exception() is not None]
+    self._pending.append(self._pool.submit(
+        lambda: self._writer.write_scalars(
+            step, {k: float(v) for k, v in scalars.items()})))
+
+  def flush(self) -> None:
+    pending, self._pending = self._pending, []
+    for future in pending:
+      future.result()
+    self._writer.flush()
+
+  def close(self) -> None:
+    try:
+      self.flush()
+    finally:
+      self._pool.shutdown(wait=True)
+      self._writer.close()

@@ -12,10 +12,11 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from meshfit import sharding
 from meshfit.metrics import RegressionSums, TrainMetrics
+from meshfit.normalization import Normalizer
 from meshfit.state import TrainState
 
 Batch = dict[str, jax.Array]
@@ -28,20 +29,40 @@ def predict(graphdef: nnx.GraphDef, state: TrainState,
   return state.norm.unstandardize_y(model(state.norm.standardize_x(x_BxF)))
 
 
+def standardize(norm: Normalizer, batch: Batch) -> Batch:
+  """Features and targets of a batch or table in standardised units."""
+  return {'x': norm.standardize_x(batch['x']),
+          'y': norm.standardize_y(batch['y'])}
+
+
 def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
                tx: optax.GradientTransformation,
                log_every_steps: int) -> tuple[TrainState, jax.Array]:
+  """One optimizer step on a batch in original units (see `fit_step`)."""
+  return fit_step(state, standardize(state.norm, batch), graphdef=graphdef,
+                  tx=tx, log_every_steps=log_every_steps)
+
+
+def fit_step(state: TrainState, batch_z: Batch, *, graphdef: nnx.GraphDef,
+             tx: optax.GradientTransformation,
+             log_every_steps: int) -> tuple[TrainState, jax.Array]:
   """One optimizer step on the mean squared error in standardised units.
 
   Train metrics accumulate in the state; they restart with the first step of
   each logging window (steps after a multiple of `log_every_steps`).
 
+  Args:
+    state: the train state.
+    batch_z: `{'x': x_BxF, 'y': z_BxT}`, already standardised.
+    graphdef: the model's structure.
+    tx: the optimizer.
+    log_every_steps: the train metrics' window.
+
   Returns:
     The new state and this step's loss (a replicated scalar that the loop
     uses to bound the steps in flight and to catch a non-finite loss).
   """
-  x_BxF = state.norm.standardize_x(batch['x'])
-  z_BxT = state.norm.standardize_y(batch['y'])
+  x_BxF, z_BxT = batch_z['x'], batch_z['y']
   dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng),
                                    state.step)
 
@@ -66,6 +87,53 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
                        opt_state=opt_state, train_metrics=train_metrics), loss
 
 
+def train_steps(state: TrainState, table_z: Batch, chunk: Batch, *,
+                graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                log_every_steps: int, batch_sharding: NamedSharding
+                ) -> tuple[TrainState, jax.Array, TrainMetrics]:
+  """`chunk['num_steps']` optimizer steps in one call.
+
+  The steps run in a `fori_loop` whose trip count is a runtime value, so one
+  compiled program serves every chunk length and a run computes the same
+  bits however its steps were grouped into calls (which exact resume relies
+  on).
+
+  Args:
+    state: the train state.
+    table_z: the standardised training table on every device, `{'x', 'y'}`,
+      when the chunk holds row indices; else `{}`.
+    chunk: from `input_pipeline.loader.TrainLoader`: `num_steps` and either
+      `idx` (K x B table rows) or `x`, `y` (K x B rows in original units).
+    graphdef: the model's structure.
+    tx: the optimizer.
+    log_every_steps: the train metrics' window.
+    batch_sharding: where each step's batch lives.
+
+  Returns:
+    The new state, the losses of the steps (K of them; entries past
+    `num_steps` are zero) and a copy of the new state's train metrics (read
+    by the loop after the state itself has been donated to the next call).
+  """
+  k = (chunk['idx'] if 'idx' in chunk else chunk['x']).shape[0]
+
+  def body(i, carry):
+    state, losses_K = carry
+    if 'idx' in chunk:
+      idx_B = chunk['idx'][i]
+      batch_z = {name: a[idx_B] for name, a in table_z.items()}
+    else:
+      batch_z = standardize(state.norm, {'x': chunk['x'][i],
+                                         'y': chunk['y'][i]})
+    batch_z = jax.lax.with_sharding_constraint(batch_z, batch_sharding)
+    state, loss = fit_step(state, batch_z, graphdef=graphdef, tx=tx,
+                           log_every_steps=log_every_steps)
+    return state, losses_K.at[i].set(loss)
+
+  state, losses_K = jax.lax.fori_loop(0, chunk['num_steps'], body,
+                                      (state, jnp.zeros((k,), jnp.float32)))
+  return state, losses_K, state.train_metrics
+
+
 def eval_step(state: TrainState, batch: Batch, *,
               graphdef: nnx.GraphDef) -> RegressionSums:
   """Sums of errors over the batch's real examples (original units)."""
@@ -88,6 +156,31 @@ def jit_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
       in_shardings=(state_shardings, {'x': batch, 'y': batch}),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)
+
+
+def jit_train_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                    state_shardings: TrainState, mesh: Mesh,
+                    log_every_steps: int
+                    ) -> Callable[[TrainState, Batch, Batch],
+                                  tuple[TrainState, jax.Array, TrainMetrics]]:
+  """`train_steps` jitted once: state donated, shardings pinned both ways.
+
+  The table and the chunk keep the shardings they arrive with (replicated,
+  and split over 'data' along the batch dimension).
+  """
+  return jax.jit(
+      functools.partial(train_steps, graphdef=graphdef, tx=tx,
+                        log_every_steps=log_every_steps,
+                        batch_sharding=sharding.batch_sharding(mesh)),
+      in_shardings=(state_shardings, None, None),
+      out_shardings=(state_shardings, sharding.replicated(mesh),
+                     state_shardings.train_metrics),
+      donate_argnums=0)
+
+
+def jit_standardize(mesh: Mesh) -> Callable[[Normalizer, Batch], Batch]:
+  """`standardize` jitted for a table that lives on every device."""
+  return jax.jit(standardize, out_shardings=sharding.replicated(mesh))
 
 
 def jit_eval_step(graphdef: nnx.GraphDef, state_shardings: TrainState,

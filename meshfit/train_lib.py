@@ -6,15 +6,17 @@ metrics/checkpoints.
 
 import collections
 import dataclasses
+import functools
 import json
 import os
+import time
+from collections.abc import Callable
 
 import jax
 import ml_collections
 import numpy as np
 import optax
 from absl import logging
-from clu import periodic_actions
 from flax import nnx
 from jax.sharding import Mesh
 
@@ -29,9 +31,10 @@ from meshfit.preemption import Preempted, PreemptionWatch
 from meshfit.normalization import Normalizer
 from models.mlp import MlpConfig
 
-# Dispatched but unfinished steps. XLA:CPU deadlocks in its collectives when
-# many multi-device steps are queued at once; two keep the device busy while
-# the host prepares the next step, and let every loss be checked as it lands.
+# Dispatched but unfinished calls (train calls of several steps, eval or
+# predict batches). XLA:CPU deadlocks in its collectives when many
+# multi-device executions are queued at once; two keep the device busy while
+# the host prepares the next, and let every loss be checked as it lands.
 MAX_STEPS_IN_FLIGHT = 2
 
 
@@ -109,26 +112,45 @@ def evaluate_table(setup: Setup, state: state_lib.TrainState, table: Table,
 
 
 class _LossWatch:
-  """Bounds the steps in flight and stops at the first non-finite loss."""
+  """Bounds the calls in flight and stops at the first non-finite loss.
+
+  A call's losses are read once a later call has been dispatched (or at a
+  drain), so the host never waits for the device just to check them; what
+  must wait for them (the call's train-metrics log) runs then too.
+  """
 
   def __init__(self):
     self._pending = collections.deque()
 
-  def add(self, step: int, loss: jax.Array) -> None:
-    self._pending.append((step, loss))
+  def add(self, first_step: int, num_steps: int, losses_K: jax.Array,
+          then: Callable[[], None] | None = None) -> None:
+    """Records a dispatched call of steps first_step..+num_steps-1.
+
+    Args:
+      first_step: the call's first step.
+      num_steps: its steps.
+      losses_K: its losses (the first num_steps count).
+      then: runs once the losses are checked and finite.
+    """
+    self._pending.append((first_step, num_steps, losses_K, then))
     while len(self._pending) > MAX_STEPS_IN_FLIGHT:
       self._check(*self._pending.popleft())
 
   def drain(self) -> None:
-    """Waits for every dispatched step; call before saving or logging."""
+    """Waits for every dispatched call; call before saving or evaluating."""
     while self._pending:
       self._check(*self._pending.popleft())
 
   @staticmethod
-  def _check(step: int, loss: jax.Array) -> None:
-    value = float(loss)
-    if not np.isfinite(value):
-      raise NonFiniteLossError(step, value)
+  def _check(first_step: int, num_steps: int, losses_K: jax.Array,
+             then: Callable[[], None] | None) -> None:
+    losses = np.asarray(losses_K)[:num_steps]
+    bad = np.flatnonzero(~np.isfinite(losses))
+    if bad.size:
+      raise NonFiniteLossError(first_step + int(bad[0]),
+                               float(losses[bad[0]]))
+    if then is not None:
+      then()
 
 
 class NonFiniteLossError(RuntimeError):
@@ -224,31 +246,45 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
 def _train(config, workdir, setup, splits, ckpt, preemption, state,
            position) -> dict[str, float]:
-  """The loop: steps, metrics, evaluations, checkpoints, preemption."""
+  """The loop: calls of several steps, metrics, evaluations, checkpoints,
+  profiles and preemption, each at the end of a call."""
   initial_step = int(jax.device_get(state.step))
   is_main = jax.process_index() == 0
   if is_main:
     config_lib.save_json(config, os.path.join(workdir, 'config.json'))
     metrics.truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'),
                            initial_step)
-  writer = metrics.create_writer(workdir, is_main)
-  train_step = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
-                                    setup.mesh, config.log_every_steps)
+  writer = metrics.AsyncWriter(metrics.create_writer(workdir, is_main))
+  train_steps = steps.jit_train_steps(setup.graphdef, setup.tx,
+                                      setup.shardings, setup.mesh,
+                                      config.log_every_steps)
   eval_step = steps.jit_eval_step(setup.graphdef, setup.shardings, setup.mesh)
   schedule = optim.learning_rate_schedule(config, config.num_train_steps)
+  profile = _ProfileWindow(config, workdir)
+  calls_of = steps_per_call(config, setup.spec)
+  plan = functools.partial(
+      loader.chunk_plan, initial_step, config.num_train_steps, calls_of,
+      periods=(config.log_every_steps, config.eval_every_steps,
+               config.checkpoint_every_steps),
+      stops=profile.stops)
   batches = loader.TrainLoader(
       splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
-      seed=config.seed, sharding=sharding.batch_sharding(setup.mesh),
+      seed=config.seed, mesh=setup.mesh,
+      chunk_sizes=(n for _, n in plan()),
+      steps_per_call=calls_of,
+      resident=_fits_on_device(splits.train, config.dataset.resident_table_mb),
       position=position, prefetch=config.dataset.prefetch_batches)
-  progress = periodic_actions.ReportProgress(
-      num_train_steps=config.num_train_steps, writer=writer,
-      every_steps=config.log_every_steps, every_secs=None)
+  table_z = ({} if not batches.resident else
+             steps.jit_standardize(setup.mesh)(state.norm,
+                                               batches.device_table()))
   watch = _LossWatch()
   last_saved = initial_step if initial_step else None
+  speed = _StepsPerSecond(initial_step)
 
   def save(step):
     nonlocal last_saved
     watch.drain()  # never save a state whose loss was not checked
+    writer.flush()  # nor one whose logs could be lost to a crash
     ckpt.save(step, state, {'data_position': batches.position,
                             'config': config.to_dict(),
                             # What --mode=predict reads from a user's file.
@@ -256,32 +292,37 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
                             'target_names': splits.train.target_names})
     last_saved = step
 
-  logging.info('Training steps %d..%d on a %s mesh.', initial_step + 1,
-               config.num_train_steps, dict(setup.mesh.shape))
+  logging.info('Training steps %d..%d on a %s mesh, up to %d per call, '
+               'batches %s.', initial_step + 1, config.num_train_steps,
+               dict(setup.mesh.shape), calls_of,
+               'gathered on device' if batches.resident else
+               'streamed from the host')
   try:
     if preemption.received:
       raise Preempted(initial_step)
-    for step in range(initial_step + 1, config.num_train_steps + 1):
+    for call, (done, n) in enumerate(plan()):
+      step = done + n
+      num_steps, chunk = next(batches)
+      assert num_steps == n, (num_steps, n)
+      profile.before(done)
       with jax.profiler.StepTraceAnnotation('train', step_num=step):
-        state, loss = train_step(state, next(batches))
-      watch.add(step, loss)
-      progress(step)
+        state, losses_K, train_metrics = train_steps(state, table_z, chunk)
       last = step == config.num_train_steps
+      log = None
       if step % config.log_every_steps == 0 or last:
-        watch.drain()
-        summary = jax.device_get(state.train_metrics).compute()
-        writer.write_scalars(step, {
-            'train/loss': summary['loss'],
-            'train/grad_norm': summary['grad_norm'],
-            'train/learning_rate': schedule(step - 1)})
+        log = functools.partial(_log_train, writer, step, train_metrics,
+                                schedule(step - 1), speed(step))
+      watch.add(done + 1, n, losses_K, then=log)
+      profile.after(step, watch)
       if step % config.eval_every_steps == 0 and not last:
         watch.drain()  # train and eval steps share the in-flight bound
-        with progress.timed('eval'):
-          _write_eval(writer, step, evaluate_table(
-              setup, state, splits.eval, config.eval_batch_size, eval_step))
+        _write_eval(writer, step, evaluate_table(
+            setup, state, splits.eval, config.eval_batch_size, eval_step))
+        speed.pause()
       if step % config.checkpoint_every_steps == 0 or last:
         save(step)
-      if preemption.should_stop(step):
+      # Every host asks at the same calls, numbered alike.
+      if preemption.should_stop(call):
         if last_saved != step:
           save(step)
         ckpt.wait()
@@ -303,8 +344,102 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
                       default=None)
     raise
   finally:
+    profile.close()
     batches.close()
     writer.close()
+
+
+# What `steps_per_call = 0` aims one call at: enough work to hide the ~0.5 ms
+# a call costs the host, little enough that SIGTERM is answered soon (the
+# call in flight finishes first): ~0.1-0.2 s at the ~1e11 flop/s of a CPU,
+# less on accelerators (1e14 and more).
+CALL_FLOPS = {'cpu': 2e10}
+CALL_FLOPS_ACCELERATOR = 2e13
+MAX_AUTO_STEPS_PER_CALL = 128
+
+
+def steps_per_call(config: ml_collections.ConfigDict,
+                    spec: state_lib.ModelSpec) -> int:
+  """config.steps_per_call, or for 0 a power of two sized to the model.
+
+  The same on every host (it depends on the config and the platform only),
+  as it must be: every host runs the same calls.
+  """
+  if config.steps_per_call:
+    return config.steps_per_call
+  sizes = (spec.num_features, *spec.mlp.hidden_sizes, spec.num_targets)
+  params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+  flops_per_step = 6.0 * params * config.batch_size
+  target = CALL_FLOPS.get(jax.devices()[0].platform, CALL_FLOPS_ACCELERATOR)
+  steps = max(1, int(target // flops_per_step))
+  return min(MAX_AUTO_STEPS_PER_CALL, 1 << (steps.bit_length() - 1))
+
+
+def _log_train(writer, step: int, train_metrics: metrics.TrainMetrics,
+               learning_rate: jax.Array, steps_per_sec: float) -> None:
+  """Writes a call's train metrics, once its losses have been checked."""
+  summary = jax.device_get(train_metrics).compute()
+  writer.write_scalars(step, {'train/loss': summary['loss'],
+                              'train/grad_norm': summary['grad_norm'],
+                              'train/learning_rate': learning_rate,
+                              'train/steps_per_sec': steps_per_sec})
+
+
+def _fits_on_device(table: Table, limit_mb: int) -> bool:
+  """Whether a train table is small enough to copy to every device."""
+  return table.x_NxF.nbytes + table.y_NxT.nbytes <= limit_mb * 2**20
+
+
+class _StepsPerSecond:
+  """Training speed between logs; time spent evaluating is left out."""
+
+  def __init__(self, step: int):
+    self._step, self._time = step, time.perf_counter()
+
+  def pause(self) -> None:
+    """Restarts the clock: what happened since the last step is not training."""
+    self._time = time.perf_counter()
+
+  def __call__(self, step: int) -> float:
+    now = time.perf_counter()
+    rate = (step - self._step) / max(now - self._time, 1e-9)
+    self._step, self._time = step, now
+    return rate
+
+
+class _ProfileWindow:
+  """A `jax.profiler` trace of steps profile_start_step..+profile_num_steps.
+
+  The trace goes to workdir/profile (open it with TensorBoard's profile
+  plugin or Perfetto). Both ends of the window end a call, so the trace holds
+  exactly those steps' calls.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self._first = config.profile_start_step
+    self._last = self._first + config.profile_num_steps - 1
+    self._dir = os.path.join(workdir, 'profile')
+    self._active = False
+    self.stops = ((self._first - 1, self._last) if self._first > 0 else ())
+
+  def before(self, done: int) -> None:
+    """Starts the trace if the next call begins the window."""
+    if self._first > 0 and done == self._first - 1 and not self._active:
+      jax.profiler.start_trace(self._dir)
+      self._active = True
+      logging.info('Tracing steps %d..%d into %s.', self._first, self._last,
+                   self._dir)
+
+  def after(self, step: int, watch: _LossWatch) -> None:
+    """Stops the trace once the window's last call has finished."""
+    if self._active and step >= self._last:
+      watch.drain()
+      self.close()
+
+  def close(self) -> None:
+    if self._active:
+      jax.profiler.stop_trace()
+      self._active = False
 
 
 def _write_eval(writer, step: int, result: dict[str, float]) -> None:

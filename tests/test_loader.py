@@ -1,8 +1,11 @@
 """The input pipeline: order, placement, resumable position, evaluation."""
 
+import itertools
+
 import jax
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from input_pipeline import loader
 from meshfit import sharding
@@ -18,13 +21,26 @@ def table():
   return x, y
 
 
-def _batches(table, mesh, num, **kwargs):
+def _loader(table, mesh, *, chunk_sizes=None, steps_per_call=1,
+            resident=False, batch_size=16, seed=3, **kwargs):
   x, y = table
-  it = loader.TrainLoader(x, y, batch_size=16, seed=3,
-                          sharding=sharding.batch_sharding(mesh), **kwargs)
+  return loader.TrainLoader(
+      x, y, batch_size=batch_size, seed=seed, mesh=mesh,
+      chunk_sizes=(itertools.repeat(steps_per_call) if chunk_sizes is None
+                   else chunk_sizes),
+      steps_per_call=steps_per_call, resident=resident, **kwargs)
+
+
+def _batches(table, mesh, num, **kwargs):
+  """`num` streamed batches, one per chunk, as host arrays."""
+  it = _loader(table, mesh, **kwargs)
   try:
-    return [{k: np.asarray(v) for k, v in next(it).items()}
-            for _ in range(num)], it.position
+    out = []
+    for _ in range(num):
+      num_steps, chunk = next(it)
+      assert num_steps == 1 and int(chunk['num_steps']) == 1
+      out.append({k: np.asarray(chunk[k])[0] for k in ('x', 'y')})
+    return out, it.position
   finally:
     it.close()
 
@@ -80,22 +96,69 @@ def test_restarting_at_a_position_continues_the_stream(table):
     np.testing.assert_array_equal(a['x'], b['x'])
 
 
-def test_batches_are_sharded_over_data(table):
+def test_chunks_are_sharded_over_data_along_the_batch(table):
   mesh = sharding.make_mesh(4, 2)
-  it = loader.TrainLoader(*table, batch_size=16, seed=0,
-                          sharding=sharding.batch_sharding(mesh))
-  batch = next(it)
+  for resident, name, shape in ((False, 'x', (3, 4, F)),
+                                (True, 'idx', (3, 4))):
+    it = _loader(table, mesh, steps_per_call=3, resident=resident)
+    _, chunk = next(it)
+    it.close()
+    assert chunk[name].sharding.spec == P(None, 'data')
+    assert {s.data.shape for s in chunk[name].addressable_shards} == {shape}
+
+
+def test_resident_indices_name_the_streamed_rows(table):
+  mesh = sharding.make_mesh(4, 2)
+  sizes = [5, 2, 5, 1]
+  streamed = _loader(table, mesh, chunk_sizes=sizes, steps_per_call=5)
+  resident = _loader(table, mesh, chunk_sizes=sizes, steps_per_call=5,
+                     resident=True)
+  try:
+    x = np.asarray(resident.device_table()['x'])
+    np.testing.assert_array_equal(x, table[0])
+    for size in sizes:
+      (n, rows), (m, idx) = next(streamed), next(resident)
+      assert n == m == size
+      np.testing.assert_array_equal(
+          x[np.asarray(idx['idx'])[:n]], np.asarray(rows['x'])[:n])
+      # Padding past num_steps (never read by the step) repeats row 0.
+      assert not np.asarray(idx['idx'])[n:].any()
+      assert (np.asarray(rows['x'])[n:] == table[0][0]).all()
+    assert streamed.position == resident.position == sum(sizes) * 16
+    with pytest.raises(StopIteration):
+      next(resident)
+  finally:
+    streamed.close()
+    resident.close()
+
+
+def test_chunks_of_several_steps_hold_the_stream_in_order(table):
+  mesh = sharding.make_mesh(8, 1)
+  single, _ = _batches(table, mesh, 9)
+  it = _loader(table, mesh, chunk_sizes=[4, 4, 1], steps_per_call=4)
+  chunks = [next(it) for _ in range(3)]
   it.close()
-  assert batch['x'].sharding == sharding.batch_sharding(mesh)
-  assert {s.data.shape for s in batch['x'].addressable_shards} == {(4, F)}
+  joined = np.concatenate([np.asarray(c['y'])[:n] for n, c in chunks])
+  np.testing.assert_array_equal(joined, np.stack([b['y'] for b in single]))
+
+
+def test_chunk_plan_ends_calls_at_every_event_and_resumes_alike():
+  plan = list(loader.chunk_plan(0, 70, 16, periods=(25, 30), stops=(41,)))
+  ends = [done + n for done, n in plan]
+  assert ends == [16, 25, 30, 32, 41, 48, 50, 60, 64, 70]
+  assert all(0 < n <= 16 for _, n in plan)
+  assert [d for d, _ in plan] == [0] + ends[:-1]
+  # Resumed at any call's end, the rest is grouped as before.
+  for end in ends[:-1]:
+    assert list(loader.chunk_plan(end, 70, 16, periods=(25, 30),
+                                  stops=(41,))) == [
+                                      p for p in plan if p[0] >= end]
 
 
 def test_indivisible_batch_size_is_a_usage_error(table):
   with pytest.raises(UsageError, match="batch_size 12 is not divisible by "
                      "the 8 devices of mesh axis 'data'"):
-    loader.TrainLoader(*table, batch_size=12, seed=0,
-                       sharding=sharding.batch_sharding(
-                           sharding.make_mesh(8, 1)))
+    _loader(table, sharding.make_mesh(8, 1), batch_size=12)
 
 
 @pytest.mark.parametrize('batch_size', [8, 24, 96, 104, 200])

@@ -12,21 +12,30 @@ from meshfit.normalization import Normalizer
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
 
 
-def _losses(config, splits, mesh, num_steps):
+def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
+            resident=True, steps_per_call=8):
+  """Losses of `num_steps` steps run in calls of `chunk_sizes` steps."""
   setup = train_lib.make_setup(config, splits.train.x_NxF.shape[1],
                                splits.train.y_NxT.shape[1], mesh=mesh)
   norm = Normalizer.fit(splits.train.x_NxF, splits.train.y_NxT)
   state = state_lib.create_train_state(setup.spec, setup.tx, mesh,
                                        config.seed, norm)
-  step_fn = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
-                                 mesh, config.log_every_steps)
-  batches = loader.TrainLoader(splits.train.x_NxF, splits.train.y_NxT,
-                               batch_size=config.batch_size, seed=config.seed,
-                               sharding=sharding.batch_sharding(mesh))
+  step_fn = steps.jit_train_steps(setup.graphdef, setup.tx, setup.shardings,
+                                  mesh, config.log_every_steps)
+  if chunk_sizes is None:
+    chunk_sizes = [n for _, n in loader.chunk_plan(0, num_steps,
+                                                   steps_per_call)]
+  assert sum(chunk_sizes) == num_steps
+  batches = loader.TrainLoader(
+      splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
+      seed=config.seed, mesh=mesh, chunk_sizes=chunk_sizes,
+      steps_per_call=steps_per_call, resident=resident)
+  table_z = (steps.jit_standardize(mesh)(state.norm, batches.device_table())
+             if resident else {})
   losses = []
-  for _ in range(num_steps):
-    state, loss = step_fn(state, next(batches))
-    losses.append(float(loss))
+  for n, chunk in batches:
+    state, losses_K, _ = step_fn(state, table_z, chunk)
+    losses.extend(np.asarray(losses_K)[:n])
   batches.close()
   return np.array(losses), state
 
@@ -58,6 +67,43 @@ def test_forty_steps_match_one_device(one_device_run, shape):
   losses, _ = _losses(config, splits, sharding.make_mesh(*shape), 40)
   np.testing.assert_allclose(losses, expected, rtol=1e-5)
   assert expected[-1] < 0.5 * expected[0]  # and it is actually learning
+
+
+def test_grouping_steps_into_calls_changes_no_bit(one_device_run):
+  config, splits, (expected, state) = one_device_run
+  mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
+  losses, other = _losses(config, splits, mesh, 40,
+                          chunk_sizes=[3, 5, 1, 8, 8, 7, 8])
+  np.testing.assert_array_equal(losses, expected)
+  for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(other)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_streamed_batches_train_like_resident_ones(one_device_run):
+  config, splits, (expected, _) = one_device_run
+  mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
+  losses, _ = _losses(config, splits, mesh, 40, resident=False)
+  np.testing.assert_allclose(losses, expected, rtol=1e-6)
+
+
+def test_one_step_per_call_matches_the_single_step(one_device_run):
+  config, splits, (expected, _) = one_device_run
+  mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
+  setup = train_lib.make_setup(config, 10, 1, mesh=mesh)
+  state = state_lib.create_train_state(
+      setup.spec, setup.tx, mesh, config.seed,
+      Normalizer.fit(splits.train.x_NxF, splits.train.y_NxT))
+  step_fn = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
+                                 mesh, config.log_every_steps)
+  batches = loader.TrainLoader(
+      splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
+      seed=config.seed, mesh=mesh, chunk_sizes=[1] * 10, steps_per_call=1,
+      resident=False)
+  losses = []
+  for _, chunk in batches:
+    state, loss = step_fn(state, {k: chunk[k][0] for k in ('x', 'y')})
+    losses.append(float(loss))
+  np.testing.assert_allclose(losses, expected[:10], rtol=1e-6)
 
 
 def test_train_metrics_average_the_logging_window(one_device_run):
