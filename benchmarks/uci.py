@@ -141,6 +141,7 @@ def base_config(data: UciData, scratch: str) -> ml_collections.ConfigDict:
   config.model.activation = 'relu'
   config.optimizer.name = 'adamw'
   config.max_checkpoints_to_keep = 1
+  config.plots = False  # hundreds of runs: pictures would cost minutes
   return config
 
 

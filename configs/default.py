@@ -97,6 +97,9 @@ def get_config() -> ml_collections.ConfigDict:
   # JAX's persistent compilation cache: a restarted run loads its compiled
   # steps from here instead of compiling them again. '' turns it off.
   config.compilation_cache_dir = '~/.cache/meshfit/jax'
+  # Draw loss_curve.png at the end of training and, in --mode=eval,
+  # eval/step_N_predictions.png.
+  config.plots = True
   # jax.profiler trace of steps profile_start_step..+profile_num_steps-1 into
   # workdir/profile (TensorBoard's profile plugin, Perfetto); 0 turns it off.
   config.profile_start_step = 0

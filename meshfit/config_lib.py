@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 import ml_collections
 
+from configs import default
 from input_pipeline import csv_regression, table_files, tables
 from meshfit import optim, sharding
 from meshfit.errors import UsageError
@@ -20,7 +21,7 @@ from models import mlp
 # they change how a saved model is evaluated, not what it is.
 EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
              'dataset.eval_path', 'dataset.prefetch_batches', 'mesh.data',
-             'mesh.model', 'compilation_cache_dir')
+             'mesh.model', 'compilation_cache_dir', 'plots')
 
 # Keys a resumed run may change: they decide how long and how observably it
 # runs and where, not what the checkpointed state means. (num_train_steps
@@ -184,11 +185,27 @@ def save_json(config: ml_collections.ConfigDict, path: str) -> None:
   os.replace(tmp, path)
 
 
+def _with_defaults(saved: dict, defaults: dict) -> dict:
+  """`saved`, plus the keys it lacks taken from `defaults` (recursively)."""
+  merged = dict(saved)
+  for key, value in defaults.items():
+    if key not in merged:
+      merged[key] = value
+    elif isinstance(value, dict) and isinstance(merged[key], dict):
+      merged[key] = _with_defaults(merged[key], value)
+  return merged
+
+
 def load_json(path: str) -> ml_collections.ConfigDict:
-  """Reads a config written by `save_json`."""
+  """Reads a config written by `save_json`.
+
+  Keys added to configs/default.py since the run was saved take their
+  default values, so a workdir from an older meshfit still evaluates.
+  """
   try:
     with open(path, encoding='utf-8') as f:
-      return ml_collections.ConfigDict(_tuples(json.load(f)))
+      return ml_collections.ConfigDict(_with_defaults(
+          _tuples(json.load(f)), default.get_config().to_dict()))
   except FileNotFoundError:
     raise UsageError(f'{path} does not exist: this workdir holds no run; '
                      'train one first (python train.py --workdir=...)'

@@ -8,6 +8,7 @@ import collections
 import dataclasses
 import functools
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -238,7 +239,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
         ckpt.close()
   finally:
     preemption.close()
-  if jax.process_index() == 0:
+  if config.plots and jax.process_index() == 0:
     plots.write_loss_curve(workdir, config.dataset.name,
                            splits.train.target_names)
   return final
@@ -359,11 +360,14 @@ MAX_AUTO_STEPS_PER_CALL = 128
 
 
 def steps_per_call(config: ml_collections.ConfigDict,
-                    spec: state_lib.ModelSpec) -> int:
-  """config.steps_per_call, or for 0 a power of two sized to the model.
+                   spec: state_lib.ModelSpec) -> int:
+  """config.steps_per_call, or for 0 a call length sized to the model.
 
-  The same on every host (it depends on the config and the platform only),
-  as it must be: every host runs the same calls.
+  Calls of about CALL_FLOPS of work, at most MAX_AUTO_STEPS_PER_CALL steps;
+  among those lengths (powers of two and divisors of the periods), the one
+  that needs the fewest calls, given that log, eval and checkpoint steps
+  end calls too. The same on every host (it depends on the config and the
+  platform only), as it must be: every host runs the same calls.
   """
   if config.steps_per_call:
     return config.steps_per_call
@@ -371,8 +375,16 @@ def steps_per_call(config: ml_collections.ConfigDict,
   params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
   flops_per_step = 6.0 * params * config.batch_size
   target = CALL_FLOPS.get(jax.devices()[0].platform, CALL_FLOPS_ACCELERATOR)
-  steps = max(1, int(target // flops_per_step))
-  return min(MAX_AUTO_STEPS_PER_CALL, 1 << (steps.bit_length() - 1))
+  most = min(MAX_AUTO_STEPS_PER_CALL, max(1, int(target // flops_per_step)))
+  periods = (config.log_every_steps, config.eval_every_steps,
+             config.checkpoint_every_steps)
+  period = math.gcd(*periods)
+  candidates = {1 << (most.bit_length() - 1)} | {
+      d for d in range(1, most + 1) if period % d == 0}
+
+  def calls(k):  # over a stretch long enough to see the pattern
+    return sum(1 for _ in loader.chunk_plan(0, 10_000, k, periods))
+  return min(sorted(candidates, reverse=True), key=calls)
 
 
 def _log_train(writer, step: int, train_metrics: metrics.TrainMetrics,
@@ -474,7 +486,6 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str,
   finally:
     ckpt.close()
   scores = evaluate_table(setup, state, table, config.eval_batch_size)
-  pred_NxT = predict_table(setup, state, table.x_NxF, config.eval_batch_size)
   result = {'step': step, 'split': config.dataset.eval_split,
             'num_examples': scores['num_examples'],
             **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')}}
@@ -485,6 +496,11 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str,
       json.dump(result, f, indent=2)
       f.write('\n')
     os.replace(path + '.tmp', path)
+  if config.plots:
+    # Every process takes part in the predictions; process 0 draws them.
+    pred_NxT = predict_table(setup, state, table.x_NxF,
+                             config.eval_batch_size)
+  if config.plots and jax.process_index() == 0:
     plots.write_predictions_figure(
         os.path.join(workdir, 'eval', f'step_{step}_predictions.png'),
         table.y_NxT, pred_NxT, table.target_names,
