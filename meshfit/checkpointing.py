@@ -11,8 +11,11 @@ files) is never deleted: training moves it to `workdir/damaged_checkpoints/`
 with a warning naming its step and resumes from the newest intact one.
 """
 
+import concurrent.futures
 import os
 import shutil
+import threading
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -139,3 +142,88 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+class BackgroundSaver:
+  """Writes checkpoints from a thread, so training never waits for one.
+
+  `submit` hands over a state that nothing else will touch (a copy) and
+  returns at once. One checkpoint is written at a time; if another is
+  submitted while one is being written and a third arrives before the
+  writer is free, the older waiting one is dropped (counted in `skipped`):
+  checkpoints that come faster than the disk takes them are thinned, never
+  queued without bound, and the newest is always the one kept.
+  """
+
+  def __init__(self, ckpt: Checkpointer):
+    self._ckpt = ckpt
+    self._cond = threading.Condition()
+    self._waiting: tuple[int, TrainState, dict[str, Any], list] | None = None
+    self._busy = False
+    self._closed = False
+    self._error: BaseException | None = None
+    self.skipped: list[int] = []
+    self._thread = threading.Thread(target=self._run, daemon=True,
+                                    name='meshfit-checkpoints')
+    self._thread.start()
+
+  def submit(self, step: int, state: TrainState, meta: dict[str, Any],
+             wait_for: Iterable[concurrent.futures.Future] = ()) -> None:
+    """Queues a checkpoint of `state` (a copy the caller will not change).
+
+    Args:
+      step: the state's step.
+      state: the state to save.
+      meta: its JSON side.
+      wait_for: what must be done before the checkpoint exists (the metric
+        writes of its steps: a resumed run never logs them again).
+    """
+    with self._cond:
+      self._raise_error()
+      if self._waiting is not None:
+        self.skipped.append(self._waiting[0])
+      self._waiting = (step, state, meta, list(wait_for))
+      self._cond.notify_all()
+
+  def _run(self) -> None:
+    while True:
+      with self._cond:
+        while self._waiting is None and not self._closed:
+          self._cond.wait()
+        if self._waiting is None:
+          return
+        step, state, meta, wait_for = self._waiting
+        self._waiting = None
+        self._busy = True
+      try:
+        for future in wait_for:
+          future.result()
+        self._ckpt.save(step, state, meta)
+        self._ckpt.wait()
+      except BaseException as e:  # noqa: BLE001 (raised in the loop's thread)
+        with self._cond:
+          self._error = self._error or e
+      finally:
+        del state
+        with self._cond:
+          self._busy = False
+          self._cond.notify_all()
+
+  def _raise_error(self) -> None:
+    if self._error is not None:
+      error, self._error = self._error, None
+      raise error
+
+  def wait(self) -> None:
+    """Blocks until every submitted checkpoint is written; raises errors."""
+    with self._cond:
+      while self._waiting is not None or self._busy:
+        self._cond.wait()
+      self._raise_error()
+
+  def close(self) -> None:
+    """Writes what is waiting, then stops the thread."""
+    with self._cond:
+      self._closed = True
+      self._cond.notify_all()
+    self._thread.join()

@@ -223,6 +223,10 @@ class AsyncWriter:
         lambda: self._writer.write_scalars(
             step, {k: float(v) for k, v in scalars.items()})))
 
+  def pending(self) -> list[concurrent.futures.Future]:
+    """The writes not yet known to be done (to wait for elsewhere)."""
+    return list(self._pending)
+
   def flush(self) -> None:
     pending, self._pending = self._pending, []
     for future in pending:

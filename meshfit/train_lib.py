@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -116,24 +117,25 @@ class _LossWatch:
   """Bounds the calls in flight and stops at the first non-finite loss.
 
   A call's losses are read once a later call has been dispatched (or at a
-  drain), so the host never waits for the device just to check them; what
-  must wait for them (the call's train-metrics log) runs then too.
+  drain), so the host never waits for the device just to check them. What
+  must not happen before they are known to be finite (the call's train
+  metrics log, a checkpoint of its state) is attached with `then` and runs
+  then.
   """
 
   def __init__(self):
     self._pending = collections.deque()
 
-  def add(self, first_step: int, num_steps: int, losses_K: jax.Array,
-          then: Callable[[], None] | None = None) -> None:
-    """Records a dispatched call of steps first_step..+num_steps-1.
+  def add(self, first_step: int, num_steps: int, losses_K: jax.Array) -> None:
+    """Records a dispatched call of steps first_step..+num_steps-1."""
+    self._pending.append((first_step, num_steps, losses_K, []))
 
-    Args:
-      first_step: the call's first step.
-      num_steps: its steps.
-      losses_K: its losses (the first num_steps count).
-      then: runs once the losses are checked and finite.
-    """
-    self._pending.append((first_step, num_steps, losses_K, then))
+  def then(self, action: Callable[[], None]) -> None:
+    """Runs `action` once the last added call's losses are finite."""
+    self._pending[-1][3].append(action)
+
+  def settle(self) -> None:
+    """Checks calls until at most MAX_STEPS_IN_FLIGHT are unread."""
     while len(self._pending) > MAX_STEPS_IN_FLIGHT:
       self._check(*self._pending.popleft())
 
@@ -144,14 +146,14 @@ class _LossWatch:
 
   @staticmethod
   def _check(first_step: int, num_steps: int, losses_K: jax.Array,
-             then: Callable[[], None] | None) -> None:
+             actions: list[Callable[[], None]]) -> None:
     losses = np.asarray(losses_K)[:num_steps]
     bad = np.flatnonzero(~np.isfinite(losses))
     if bad.size:
       raise NonFiniteLossError(first_step + int(bad[0]),
                                float(losses[bad[0]]))
-    if then is not None:
-      then()
+    for action in actions:
+      action()
 
 
 class NonFiniteLossError(RuntimeError):
@@ -279,19 +281,12 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
              steps.jit_standardize(setup.mesh)(state.norm,
                                                batches.device_table()))
   watch = _LossWatch()
-  last_saved = initial_step if initial_step else None
   speed = _StepsPerSecond(initial_step)
-
-  def save(step):
-    nonlocal last_saved
-    watch.drain()  # never save a state whose loss was not checked
-    writer.flush()  # nor one whose logs could be lost to a crash
-    ckpt.save(step, state, {'data_position': batches.position,
-                            'config': config.to_dict(),
-                            # What --mode=predict reads from a user's file.
-                            'feature_names': splits.train.feature_names,
-                            'target_names': splits.train.target_names})
-    last_saved = step
+  saves = _Saves(ckpt, watch, writer, setup.shardings, lambda: {
+      'data_position': batches.position, 'config': config.to_dict(),
+      # What --mode=predict reads from a user's file.
+      'feature_names': splits.train.feature_names,
+      'target_names': splits.train.target_names})
 
   logging.info('Training steps %d..%d on a %s mesh, up to %d per call, '
                'batches %s.', initial_step + 1, config.num_train_steps,
@@ -308,25 +303,27 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
       profile.before(done)
       with jax.profiler.StepTraceAnnotation('train', step_num=step):
         state, losses_K, train_metrics = train_steps(state, table_z, chunk)
+      watch.add(done + 1, n, losses_K)
       last = step == config.num_train_steps
-      log = None
       if step % config.log_every_steps == 0 or last:
-        log = functools.partial(_log_train, writer, step, train_metrics,
-                                schedule(step - 1), speed(step))
-      watch.add(done + 1, n, losses_K, then=log)
+        watch.then(functools.partial(_log_train, writer, step, train_metrics,
+                                     schedule(step - 1), speed(step)))
+      if step % config.checkpoint_every_steps == 0 and not last:
+        saves.periodic(step, state)
+      watch.settle()
       profile.after(step, watch)
       if step % config.eval_every_steps == 0 and not last:
         watch.drain()  # train and eval steps share the in-flight bound
         _write_eval(writer, step, evaluate_table(
             setup, state, splits.eval, config.eval_batch_size, eval_step))
         speed.pause()
-      if step % config.checkpoint_every_steps == 0 or last:
-        save(step)
+      if last:
+        saves.now(step, state)
       # Every host asks at the same calls, numbered alike.
       if preemption.should_stop(call):
-        if last_saved != step:
-          save(step)
-        ckpt.wait()
+        if not saves.has(step):
+          saves.now(step, state)
+        saves.wait()
         writer.flush()
         raise Preempted(step)
     watch.drain()
@@ -338,16 +335,82 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
     # The state of step e.step - 1 produced the bad loss: a checkpoint of it
     # is not good either. Set it aside (kept, not deleted) so that a rerun
     # resumes from a state that produced a finite loss.
-    ckpt.wait()
-    if last_saved is not None and last_saved >= e.step - 1:
-      ckpt.set_aside([last_saved])
+    saves.wait()
+    newest = max(ckpt.all_steps(), default=None)
+    if newest is not None and newest >= e.step - 1:
+      ckpt.set_aside([newest])
     e.last_good = max((s for s in ckpt.all_steps() if s < e.step - 1),
                       default=None)
     raise
   finally:
+    saves.close()
     profile.close()
     batches.close()
     writer.close()
+
+
+class _Saves:
+  """The loop's checkpoints: periodic ones in the background, others now.
+
+  With one process, a periodic checkpoint copies the state on device (the
+  next call consumes the original) and, once the losses up to it are known
+  to be finite, hands the copy to a thread that writes it: the loop never
+  waits for the disk, and a save that comes while the previous is still
+  being written replaces any older one still waiting (see
+  checkpointing.BackgroundSaver). Several processes must write the same
+  checkpoints in step, so they save each one from the loop.
+  """
+
+  def __init__(self, ckpt: checkpointing.Checkpointer, watch: _LossWatch,
+               writer: metrics.AsyncWriter, shardings: state_lib.TrainState,
+               meta: Callable[[], dict]):
+    self._ckpt, self._watch, self._writer, self._meta = (ckpt, watch, writer,
+                                                         meta)
+    self._saver = (checkpointing.BackgroundSaver(ckpt)
+                   if jax.process_count() == 1 else None)
+    self._copy = jax.jit(lambda s: jax.tree.map(jnp.copy, s),
+                         out_shardings=shardings)
+
+  def periodic(self, step: int, state: state_lib.TrainState) -> None:
+    """A checkpoint of `state` (the last call's result) at `step`."""
+    if self._saver is None:
+      self.now(step, state)
+      return
+    copy, meta = self._copy(state), self._meta()
+    self._watch.then(lambda: self._saver.submit(step, copy, meta,
+                                                self._writer.pending()))
+
+  def now(self, step: int, state: state_lib.TrainState) -> None:
+    """Starts saving `state` after every dispatched call is checked."""
+    self._watch.drain()  # never save a state whose loss was not checked
+    self._writer.flush()  # nor one whose logs could be lost to a crash
+    if self._saver is not None:
+      self._saver.wait()
+    self._ckpt.save(step, state, self._meta())
+
+  def has(self, step: int) -> bool:
+    """Whether a checkpoint of `step` exists or is being written."""
+    if self._saver is not None:
+      self._saver.wait()
+    return step in self._ckpt.all_steps()
+
+  def wait(self) -> None:
+    """Every checkpoint started so far is on disk; raises their errors."""
+    if self._saver is not None:
+      self._saver.wait()
+    self._ckpt.wait()
+
+  def close(self) -> None:
+    if self._saver is not None:
+      self._saver.close()
+      if self._saver.skipped:
+        logging.warning(
+            'Checkpoints of %d steps (%s) were not written: each came while '
+            'the previous one was still being written. Raise '
+            'checkpoint_every_steps to have them all.',
+            len(self._saver.skipped),
+            ', '.join(map(str, self._saver.skipped[:10])) +
+            (', ...' if len(self._saver.skipped) > 10 else ''))
 
 
 # What `steps_per_call = 0` aims one call at: enough work to hide the ~0.5 ms
