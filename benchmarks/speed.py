@@ -36,8 +36,9 @@ virtual devices (meshfit, jit and pmap then run data-parallel over them).
 
 meshfit reads its tables through `input_pipeline.load_splits`; here that is
 pointed at in-memory random tables of each size's shape (there is no
-784-feature dataset), and its jitted train step is wrapped to timestamp each
-call (waiting for the two that end the timed window). Nothing else of
+784-feature dataset), and its jitted train calls (of up to steps_per_call
+steps each) are wrapped to timestamp them (waiting for the two that end the
+timed window: its first call, which compiles, is not timed). Nothing else of
 meshfit is changed.
 """
 

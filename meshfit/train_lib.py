@@ -321,8 +321,7 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
         saves.now(step, state)
       # Every host asks at the same calls, numbered alike.
       if preemption.should_stop(call):
-        if not saves.has(step):
-          saves.now(step, state)
+        saves.now(step, state)
         saves.wait()
         writer.flush()
         raise Preempted(step)
@@ -381,18 +380,17 @@ class _Saves:
                                                 self._writer.pending()))
 
   def now(self, step: int, state: state_lib.TrainState) -> None:
-    """Starts saving `state` after every dispatched call is checked."""
+    """Starts saving `state` (unless `step` is saved already).
+
+    Every dispatched call is checked first: that also hands any periodic
+    checkpoint waiting on those checks to the background writer.
+    """
     self._watch.drain()  # never save a state whose loss was not checked
     self._writer.flush()  # nor one whose logs could be lost to a crash
     if self._saver is not None:
       self._saver.wait()
-    self._ckpt.save(step, state, self._meta())
-
-  def has(self, step: int) -> bool:
-    """Whether a checkpoint of `step` exists or is being written."""
-    if self._saver is not None:
-      self._saver.wait()
-    return step in self._ckpt.all_steps()
+    if step not in self._ckpt.all_steps():
+      self._ckpt.save(step, state, self._meta())
 
   def wait(self) -> None:
     """Every checkpoint started so far is on disk; raises their errors."""
@@ -405,8 +403,8 @@ class _Saves:
       self._saver.close()
       if self._saver.skipped:
         logging.warning(
-            'Checkpoints of %d steps (%s) were not written: each came while '
-            'the previous one was still being written. Raise '
+            '%d periodic checkpoint(s) skipped (steps %s): each came while '
+            'an earlier one was still being written. Raise '
             'checkpoint_every_steps to have them all.',
             len(self._saver.skipped),
             ', '.join(map(str, self._saver.skipped[:10])) +

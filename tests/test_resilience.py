@@ -123,7 +123,10 @@ def test_truncated_newest_checkpoint_is_skipped_and_kept(uninterrupted,
   workdir = str(tmp_path / 'run')
   shutil.copytree(uninterrupted, workdir)
   ckpts = os.path.join(workdir, 'checkpoints')
-  assert sorted(int(s) for s in os.listdir(ckpts))[-3:] == [300, 350, 400]
+  # The final checkpoint and one before it (periodic ones that come while
+  # another is being written may be skipped, so not necessarily 350).
+  *_, previous, newest = sorted(int(s) for s in os.listdir(ckpts))
+  assert newest == 400 and previous >= 300
   for parent, _, files in os.walk(os.path.join(ckpts, '400')):
     for name in files:
       with open(os.path.join(parent, name), 'r+b') as f:
@@ -132,7 +135,7 @@ def test_truncated_newest_checkpoint_is_skipped_and_kept(uninterrupted,
   proc = _run(_args(workdir, data_dir))
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert 'Checkpoint of step 400 is damaged and is skipped' in proc.stderr
-  assert 'Resuming from the checkpoint of step 350' in proc.stderr
+  assert f'Resuming from the checkpoint of step {previous}' in proc.stderr
   assert os.path.isdir(os.path.join(workdir, 'damaged_checkpoints', '400'))
   assert os.path.isdir(os.path.join(ckpts, '400'))  # written again
   assert _series(workdir, 'train/loss') == _series(uninterrupted, 'train/loss')
