@@ -166,6 +166,13 @@ def prepare_generated(name: str, data_dir: str) -> str:
 def open_prepared(directory: str) -> 'tfds.core.DatasetBuilder':
   """A builder that reads the dataset prepared in `directory`.
 
+  Args:
+    directory: a prepared dataset's directory, as `prepare_generated` and
+      `csv_regression.prepare` return.
+
+  Returns:
+    A builder for `load_table`.
+
   Raises:
     UsageError: the directory holds no intact prepared dataset.
   """
