@@ -173,6 +173,9 @@ class TensorBoardWriter(ScalarWriter):
   Each scalar is stored as `tf.summary.scalar` stores it (a float32 tensor
   marked for the scalars plugin), so TensorBoard and its readers see the same
   records as from a TF summary writer.
+
+  Attributes:
+    path: the event file.
   """
 
   def __init__(self, logdir: str):
