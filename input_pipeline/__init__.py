@@ -1,4 +1,4 @@
-"""TFDS builders and the loader that turns a split into sharded batches.
+"""TFDS builders and the loader that turns a split into global, sharded batches.
 
 Importing this package imports neither TensorFlow nor TFDS: they are imported
 when a dataset has to be prepared or a split parsed for the first time (see
