@@ -979,6 +979,8 @@ def main(argv: Sequence[str]) -> None:
       print(f'{size_name}: setting up...', flush=True)
       variants = make_variants(size, make_data(size), FLAGS.sections,
                                num_steps, workroot, cache_dir, have_torch)
+      if not variants:  # e.g. --sections=first_step alone
+        continue
       try:
         rates, counts = run_rounds(
             variants, num_steps, FLAGS.repeats, results['peaks'], have_torch,

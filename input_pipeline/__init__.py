@@ -1,4 +1,9 @@
-"""TFDS builders and the loader that turns a split into global, sharded batches."""
+"""TFDS builders and the loader that turns a split into global, sharded batches.
+
+Importing this package imports neither TensorFlow nor TFDS: they are imported
+when a dataset has to be prepared or a split parsed for the first time (see
+tables.py).
+"""
 
 import dataclasses
 import os
@@ -7,9 +12,7 @@ import jax
 import ml_collections
 from jax.experimental import multihost_utils
 
-# Importing a builder module registers it with TFDS.
-from input_pipeline import csv_regression, synthetic_regression  # noqa: F401
-from input_pipeline import tables
+from input_pipeline import csv_regression, tables
 from input_pipeline.tables import Table
 from meshfit.errors import UsageError
 
@@ -21,17 +24,18 @@ class Splits:
   eval: Table
 
 
-def _prepare(dataset: ml_collections.ConfigDict, data_dir: str):
+def _prepare(dataset: ml_collections.ConfigDict, data_dir: str) -> str:
+  """The prepared dataset's directory, preparing it first if needed."""
   if dataset.name == csv_regression.NAME:
     tables.check_data_dir(data_dir)
     return csv_regression.prepare(
         os.path.expanduser(dataset.train_path),
         os.path.expanduser(dataset.eval_path), tuple(dataset.target_columns),
         tuple(dataset.feature_columns), data_dir)
-  return tables.prepare(dataset.name, data_dir)
+  return tables.prepare_generated(dataset.name, data_dir)
 
 
-def _prepared_builder(dataset: ml_collections.ConfigDict):
+def _prepared_dir(dataset: ml_collections.ConfigDict) -> str:
   """Prepares the dataset if needed (process 0 only; others wait for it).
 
   For csv_regression every process reads the files (to find their content
@@ -56,11 +60,11 @@ def _prepared_builder(dataset: ml_collections.ConfigDict):
 
 def load_splits(dataset: ml_collections.ConfigDict) -> Splits:
   """Reads the training and evaluation splits of `dataset` into memory."""
-  builder = _prepared_builder(dataset)
-  return Splits(train=tables.load_table(builder, dataset.train_split),
-                eval=tables.load_table(builder, dataset.eval_split))
+  directory = _prepared_dir(dataset)
+  return Splits(train=tables.read_split(directory, dataset.train_split),
+                eval=tables.read_split(directory, dataset.eval_split))
 
 
 def load_eval_split(dataset: ml_collections.ConfigDict) -> Table:
   """Reads only the evaluation split (evaluation mode)."""
-  return tables.load_table(_prepared_builder(dataset), dataset.eval_split)
+  return tables.read_split(_prepared_dir(dataset), dataset.eval_split)

@@ -6,20 +6,27 @@ raises `UsageError` naming the file and, where there is one, the column and
 the first bad row. Rows are counted as *data rows*, 1-based, the header not
 counted: data row 1 is the first row under the header (line 2 of a plain
 CSV file).
+
+pandas and pyarrow are imported by the functions that parse or write a file,
+not with this module: they take about half a second to import, and a
+training run on an already prepared dataset never parses a file.
 """
+
+from __future__ import annotations
 
 import dataclasses
 import io
 import os
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from meshfit.errors import UsageError
+
+if TYPE_CHECKING:
+  import pandas as pd
 
 PARQUET_SUFFIXES = ('.parquet', '.pq')
 # Appended to a target's name for its column in a predictions table.
@@ -81,6 +88,7 @@ def _duplicate_error(name: str, header: Sequence[object]) -> UsageError | None:
 
 
 def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
   # skipinitialspace: "a, b" headers and values are common in hand-made
   # files. index_col=False: rows with one field more than the header would
   # otherwise silently shift every column onto the first one as an index.
@@ -108,6 +116,8 @@ def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
 
 
 def _parse_parquet(data: bytes, name: str) -> pd.DataFrame:
+  import pyarrow as pa  # noqa: PLC0415  (see the module doc)
+  import pyarrow.parquet as pq  # noqa: PLC0415
   if not data:
     raise UsageError(f'{name} is empty; it needs at least one column and '
                      'one row')
@@ -163,12 +173,14 @@ def _missing_column_error(frame: pd.DataFrame, column: str, name: str,
 
 
 def _is_number_dtype(values: pd.Series) -> bool:
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
   return bool(pd.api.types.is_bool_dtype(values)
               or pd.api.types.is_numeric_dtype(values))
 
 
 def _as_numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
   """(float64 values, which cells hold something that is not a number)."""
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
   if _is_number_dtype(values):
     numbers = values.to_numpy(np.float64, na_value=np.nan)
     return numbers, np.zeros(len(values), bool)
@@ -320,6 +332,7 @@ def write_predictions(path: str, pred_NxT: np.ndarray,
       output directory does not exist.
     ValueError: the shapes of `pred_NxT`, `target_names` and `keep` disagree.
   """
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
   if pred_NxT.ndim != 2 or pred_NxT.shape[1] != len(target_names):
     raise ValueError(f'pred_NxT has shape {pred_NxT.shape} for '
                      f'{len(target_names)} targets')

@@ -2,25 +2,41 @@
 
 Regression tables are small enough to hold in host memory, so training
 reads each split once, here, and slices batches out of numpy arrays after that.
+
+A split is parsed with TensorFlow once (`load_table`); `read_split` then keeps
+the table as a numpy file in the prepared dataset's directory and later runs
+load that instead. Importing TensorFlow takes seconds, so a restart on
+prepared, already read data imports neither TensorFlow nor TFDS.
 """
 
 import dataclasses
 import os
+import urllib.parse
+import uuid
+import zipfile
+from typing import TYPE_CHECKING
 
 import numpy as np
-import tensorflow as tf
-import tensorflow_datasets as tfds
+from absl import logging
 
-from input_pipeline import csv_regression, synthetic_regression
+from input_pipeline import csv_regression
 from meshfit.errors import UsageError
 
-# Datasets that `prepare` generates from their name alone.
-GENERATED_DATASETS = tuple(
-    f'{synthetic_regression.SyntheticRegression.name}/{config.name}'
-    for config in synthetic_regression.SyntheticRegression.BUILDER_CONFIGS
-)
+if TYPE_CHECKING:
+  import tensorflow_datasets as tfds
+
+# Datasets that `prepare` generates from their name alone: the configs of
+# synthetic_regression.SyntheticRegression and its version, written out here
+# so that finding them prepared needs no TFDS (test_tables checks they agree).
+GENERATED_DATASETS = ('synthetic_regression/linear',
+                      'synthetic_regression/friedman1')
+_GENERATED_VERSION = '1.0.0'
 # csv_regression is prepared from the user's files by `csv_regression.prepare`.
 KNOWN_DATASETS = GENERATED_DATASETS + (csv_regression.NAME,)
+# Where `read_split` keeps parsed splits, inside a prepared dataset's
+# directory. The number changes whenever `load_table` would read a split
+# differently, so that tables parsed by an older meshfit are not used.
+_PARSED_DIR = 'meshfit_tables.v1'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +94,24 @@ def check_data_dir(data_dir: str) -> None:
     )
 
 
-def prepare(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
+def _check_generated(name: str, data_dir: str) -> None:
+  if name not in GENERATED_DATASETS:
+    raise UsageError(
+        f'unknown dataset {name!r}; use one of: {", ".join(KNOWN_DATASETS)}.'
+    )
+  check_data_dir(data_dir)
+
+
+def _import_tfds():
+  """Imports TFDS (TensorFlow is imported later, by what reads records)."""
+  # google-auth otherwise probes the GCE metadata server, which stalls for
+  # seconds on machines without network before giving up.
+  os.environ.setdefault('NO_GCE_CHECK', 'true')
+  import tensorflow_datasets as tfds  # noqa: PLC0415  (see the module doc)
+  return tfds
+
+
+def prepare(name: str, data_dir: str) -> 'tfds.core.DatasetBuilder':
   """Returns the builder for `name`, generating its data first if needed.
 
   Nothing is downloaded: the known datasets are generated locally, and GCS is
@@ -94,14 +127,10 @@ def prepare(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
   Raises:
     UsageError: `name` is not a known dataset, or `data_dir` is a file.
   """
-  if name not in GENERATED_DATASETS:
-    raise UsageError(
-        f'unknown dataset {name!r}; use one of: {", ".join(KNOWN_DATASETS)}.'
-    )
-  check_data_dir(data_dir)
-  # google-auth otherwise probes the GCE metadata server, which stalls for
-  # seconds on machines without network before giving up.
-  os.environ.setdefault('NO_GCE_CHECK', 'true')
+  _check_generated(name, data_dir)
+  tfds = _import_tfds()
+  # Registers the builder with TFDS.
+  from input_pipeline import synthetic_regression  # noqa: F401, PLC0415
   builder = tfds.builder(name, data_dir=data_dir)
   if not builder.is_prepared():
     builder.download_and_prepare(
@@ -110,10 +139,57 @@ def prepare(name: str, data_dir: str) -> tfds.core.DatasetBuilder:
   return builder
 
 
+def prepare_generated(name: str, data_dir: str) -> str:
+  """Where `name` is prepared in `data_dir`, generating it first if needed.
+
+  Like `prepare`, but finding the dataset already prepared needs no TFDS.
+
+  Args:
+    name: 'synthetic_regression/<config>', one of `GENERATED_DATASETS`.
+    data_dir: TFDS data directory; created if missing.
+
+  Returns:
+    The prepared dataset's directory, for `read_split`.
+
+  Raises:
+    UsageError: `name` is not a known dataset, or `data_dir` is a file.
+  """
+  _check_generated(name, data_dir)
+  # TFDS's own layout: <data_dir>/<builder>/<config>/<version>.
+  directory = os.path.join(data_dir, *name.split('/'), _GENERATED_VERSION)
+  # TFDS writes dataset_info.json last, once the split files are complete.
+  if not os.path.exists(os.path.join(directory, 'dataset_info.json')):
+    prepare(name, data_dir)
+  return directory
+
+
+def open_prepared(directory: str) -> 'tfds.core.DatasetBuilder':
+  """A builder that reads the dataset prepared in `directory`.
+
+  Args:
+    directory: a prepared dataset's directory, as `prepare_generated` and
+      `csv_regression.prepare` return.
+
+  Returns:
+    A builder for `load_table`.
+
+  Raises:
+    UsageError: the directory holds no intact prepared dataset.
+  """
+  tfds = _import_tfds()
+  try:
+    return tfds.builder_from_directory(directory)
+  except Exception as e:  # A damaged directory; its contents vary.
+    raise UsageError(f'cannot read the prepared dataset in {directory!r} '
+                     f'({type(e).__name__}: {e}); delete that directory and '
+                     'run again to prepare it afresh') from e
+
+
 def _float_vector_feature(
-    builder: tfds.core.DatasetBuilder, key: str
-) -> tfds.features.Tensor:
+    builder: 'tfds.core.DatasetBuilder', key: str
+) -> 'tfds.features.Tensor':
   """Returns feature `key` of `builder`, checked to be a float32 vector."""
+  tfds = _import_tfds()
   features = builder.info.features
   feature = features[key] if key in features else None
   if (
@@ -129,7 +205,7 @@ def _float_vector_feature(
   return feature
 
 
-def load_table(builder: tfds.core.DatasetBuilder, split: str) -> Table:
+def load_table(builder: 'tfds.core.DatasetBuilder', split: str) -> Table:
   """Reads one whole split of a prepared dataset into memory.
 
   Records are read in stored order (shards in order, no shuffling), so every
@@ -162,6 +238,8 @@ def load_table(builder: tfds.core.DatasetBuilder, split: str) -> Table:
         f'dataset {builder.info.full_name} has no split {split!r}; use one '
         f'of: {available} (or a slice such as "train[:10%]").'
     ) from e
+  # Imported here, not with the module: see the module doc.
+  import tensorflow as tf  # noqa: PLC0415
   x_feature = _float_vector_feature(builder, 'x')
   y_feature = _float_vector_feature(builder, 'y')
   num_examples = split_info.num_examples
@@ -207,3 +285,73 @@ def load_table(builder: tfds.core.DatasetBuilder, split: str) -> Table:
     )
   return Table(x_NxF=x_NxF, y_NxT=y_NxT, feature_names=names[0],
                target_names=names[1])
+
+
+def _parsed_path(directory: str, split: str) -> str:
+  """Where `read_split` keeps `split` of the dataset in `directory`."""
+  # Quoted: split names may hold slices such as 'train[:10%]'.
+  return os.path.join(directory, _PARSED_DIR,
+                      urllib.parse.quote(split, safe='') + '.npz')
+
+
+def _load_parsed(path: str) -> Table | None:
+  """The table kept at `path`, or None if there is none or it is unusable."""
+  try:
+    with np.load(path, allow_pickle=False) as arrays:
+      return Table(x_NxF=arrays['x_NxF'], y_NxT=arrays['y_NxT'],
+                   feature_names=tuple(map(str, arrays['feature_names'])),
+                   target_names=tuple(map(str, arrays['target_names'])))
+  except FileNotFoundError:
+    return None
+  except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+    # Written atomically, so only outside damage gets here: parse again.
+    logging.warning('Ignoring %s, which cannot be read (%s: %s); the split '
+                    'is parsed again.', path, type(e).__name__, e)
+    return None
+
+
+def _save_parsed(path: str, table: Table) -> None:
+  """Keeps `table` at `path`, atomically; failing to only costs time later."""
+  # Unique per writer: the processes of a job may share a data_dir and all
+  # write the same table at once; each replaces the file whole.
+  tmp = f'{path}.{uuid.uuid4().hex}.tmp'
+  try:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(tmp, 'xb') as f:
+      np.savez(f, x_NxF=table.x_NxF, y_NxT=table.y_NxT,
+               feature_names=np.array(table.feature_names, np.str_),
+               target_names=np.array(table.target_names, np.str_))
+    os.replace(tmp, path)
+  except OSError as e:  # A read-only data_dir, a full disk.
+    logging.warning('Could not keep the parsed split in %s (%s); later runs '
+                    'parse it again.', path, e)
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def read_split(directory: str, split: str) -> Table:
+  """`load_table` of the dataset prepared in `directory`, kept as numpy.
+
+  The first read of a split parses it with TensorFlow and keeps the table in
+  `directory`; later reads load that copy without TensorFlow or TFDS. A
+  prepared directory never changes (a changed CSV file is prepared into
+  another), so the copy stays valid; deleting the directory deletes it too.
+
+  Args:
+    directory: a prepared dataset, as `prepare_generated` and
+      `csv_regression.prepare` return.
+    split: a split name ('train', 'test'), or a TFDS slice of one such as
+      'train[:10%]'.
+
+  Returns:
+    The same table as `load_table` returns for this split.
+
+  Raises:
+    UsageError: as `load_table` and `open_prepared`.
+  """
+  path = _parsed_path(directory, split)
+  table = _load_parsed(path)
+  if table is None:
+    table = load_table(open_prepared(directory), split)
+    _save_parsed(path, table)
+  return table

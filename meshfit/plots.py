@@ -6,22 +6,33 @@ and residuals against predicted, one row of panels per target.
 
 Figures are built with the object-oriented API (`Figure`, no pyplot), so no
 global backend or figure state is touched and nothing needs a display.
+matplotlib is imported when the first figure is drawn, not with this module:
+it takes about half a second, which every start of training would pay.
 """
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
 
 from meshfit import metrics
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
 
 # Beyond this many points a scatter is a blot: draw a random subset instead.
 MAX_POINTS = 4000
 DPI = 110
 
 
-def _save(fig: Figure, path: str) -> None:
+def _new_figure(**kwargs) -> 'Figure':
+  """A `matplotlib.figure.Figure(**kwargs)`."""
+  from matplotlib.figure import Figure  # noqa: PLC0415  (see the module doc)
+  return Figure(**kwargs)
+
+
+def _save(fig: 'Figure', path: str) -> None:
   """Writes atomically: a reader never sees half a PNG."""
   tmp = f'{path}.tmp.png'
   fig.savefig(tmp, dpi=DPI)
@@ -57,7 +68,7 @@ def write_loss_curve(workdir: str, dataset: str,
                     if 'eval/rmse' in r], np.float64).reshape(-1, 2)
   if not len(train) and not len(evals):
     return None
-  fig = Figure(figsize=(10, 4), layout='constrained')
+  fig = _new_figure(figsize=(10, 4), layout='constrained')
   left, right = fig.subplots(1, 2, sharex=True)
   rmse = (f'RMSE of {target_names[0]}' if len(target_names) == 1 else
           f'mean RMSE over {", ".join(target_names)}')
@@ -112,7 +123,7 @@ def write_predictions_figure(path: str, y_NxT: np.ndarray,
                                                        replace=False))
   # Dense clouds need transparency to show where most points lie.
   alpha = float(np.clip(300 / len(shown), 0.15, 0.8)) if n else 1.0
-  fig = Figure(figsize=(10, 4.2 * num_targets), layout='constrained')
+  fig = _new_figure(figsize=(10, 4.2 * num_targets), layout='constrained')
   axes = np.asarray(fig.subplots(num_targets, 2, squeeze=False))
   for t, name in enumerate(target_names):
     y, pred = y_NxT[:, t].astype(np.float64), pred_NxT[:, t].astype(np.float64)

@@ -17,7 +17,7 @@ from cli_helpers import regression_frame  # noqa: E402
 
 import input_pipeline  # noqa: E402
 from configs import csv as csv_config  # noqa: E402
-from input_pipeline import csv_regression, table_files  # noqa: E402
+from input_pipeline import csv_regression, table_files, tables  # noqa: E402
 from meshfit import config_lib  # noqa: E402
 from meshfit.errors import UsageError  # noqa: E402
 
@@ -117,6 +117,30 @@ def test_unchanged_files_are_reused_and_changed_ones_prepared_again(
   input_pipeline.load_splits(
       _dataset(tmp_path, moved, eval_path, features=('a',)))
   assert len(_prepared_keys(tmp_path)) == 3
+
+
+def test_tables_are_parsed_once_and_again_after_a_change(tmp_path, files,
+                                                         monkeypatch):
+  train, _, train_path, eval_path = files
+  dataset = _dataset(tmp_path, train_path, eval_path)
+  first = input_pipeline.load_splits(dataset)
+  parsed = []
+  load_table = tables.load_table
+  monkeypatch.setattr(tables, 'load_table',
+                      lambda *args: parsed.append(args[1]) or load_table(*args))
+  again = input_pipeline.load_splits(dataset)
+  assert parsed == []  # both splits came from the kept numpy copies
+  np.testing.assert_array_equal(again.train.x_NxF, first.train.x_NxF)
+  np.testing.assert_array_equal(again.eval.y_NxT, first.eval.y_NxT)
+  assert again.train.feature_names == first.train.feature_names
+
+  changed = train.copy()
+  changed.loc[0, 'b'] = -7.0
+  changed.to_csv(train_path, index=False)
+  splits = input_pipeline.load_splits(dataset)
+  assert parsed == ['train', 'test']  # a new dataset, parsed afresh
+  assert splits.train.x_NxF[0, 1] == -7.0
+  np.testing.assert_array_equal(splits.train.x_NxF[1:], first.train.x_NxF[1:])
 
 
 def test_bad_file_fails_before_anything_is_prepared(tmp_path, files):

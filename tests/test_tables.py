@@ -116,3 +116,77 @@ def test_table_rejects_mismatched_rows():
         feature_names=('x0',),
         target_names=('y',),
     )
+
+
+def test_generated_datasets_match_the_builder(data_dir):
+  builder_cls = input_pipeline.synthetic_regression.SyntheticRegression
+  assert tables.GENERATED_DATASETS == tuple(
+      f'{builder_cls.name}/{c.name}' for c in builder_cls.BUILDER_CONFIGS)
+  for name in tables.GENERATED_DATASETS:
+    builder = tfds.builder(name, data_dir=str(data_dir))
+    # Where a prepared dataset is looked for without TFDS: TFDS's own place.
+    assert tables.prepare_generated(name, str(data_dir)) == os.fspath(
+        builder.data_dir)
+
+
+def _parsed_files(directory: str) -> list[str]:
+  return sorted(p.name for p in pathlib.Path(directory).rglob('*')
+                if p.is_file() and 'meshfit_tables' in str(p))
+
+
+def test_read_split_parses_once_then_loads_the_kept_copy(
+    tmp_path, monkeypatch):
+  directory = tables.prepare_generated('synthetic_regression/linear',
+                                       str(tmp_path))
+  builder = tables.open_prepared(directory)
+  first = tables.read_split(directory, 'test[:100]+train[-3:]')
+  expected = tables.load_table(builder, 'test[:100]+train[-3:]')
+  assert _parsed_files(directory) == ['test%5B%3A100%5D%2Btrain%5B-3%3A%5D.npz']
+
+  def fail(*args):
+    raise AssertionError('the split was parsed again')
+
+  monkeypatch.setattr(tables, 'load_table', fail)
+  monkeypatch.setattr(tables, 'open_prepared', fail)
+  again = tables.read_split(directory, 'test[:100]+train[-3:]')
+  for table in (first, again):
+    np.testing.assert_array_equal(table.x_NxF, expected.x_NxF)
+    np.testing.assert_array_equal(table.y_NxT, expected.y_NxT)
+    assert table.feature_names == ('x0',) and table.target_names == ('y',)
+  assert again.x_NxF.dtype == np.float32 and again.x_NxF.shape == (103, 1)
+  # Another split is parsed, not taken from the kept one.
+  with pytest.raises(AssertionError, match='parsed again'):
+    tables.read_split(directory, 'train')
+
+
+def test_damaged_kept_copy_is_parsed_again(tmp_path):
+  directory = tables.prepare_generated('synthetic_regression/linear',
+                                       str(tmp_path))
+  whole = tables.read_split(directory, 'train')
+  [name] = _parsed_files(directory)
+  path = pathlib.Path(directory, 'meshfit_tables.v1', name)
+  path.write_bytes(path.read_bytes()[:100])
+  again = tables.read_split(directory, 'train')
+  np.testing.assert_array_equal(again.y_NxT, whole.y_NxT)
+  # ... and kept again, whole.
+  assert tables.read_split(directory, 'train').y_NxT.shape == (128, 1)
+  assert path.stat().st_size > 1000
+
+
+def test_split_that_cannot_be_kept_is_still_read(tmp_path, caplog):
+  directory = tables.prepare_generated('synthetic_regression/linear',
+                                       str(tmp_path))
+  # A file where the kept copies' directory goes: writing them fails, as in
+  # a read-only data_dir (which root, running the tests in CI, could write).
+  pathlib.Path(directory, 'meshfit_tables.v1').write_text('')
+  table = tables.read_split(directory, 'train')
+  assert table.num_examples == 128
+  assert 'Could not keep the parsed split' in caplog.text
+  assert _parsed_files(directory) == ['meshfit_tables.v1']
+
+
+def test_unknown_split_is_not_kept(linear):
+  directory = os.fspath(linear.data_dir)
+  with pytest.raises(UsageError, match='has no split'):
+    tables.read_split(directory, 'validation')
+  assert 'validation.npz' not in _parsed_files(directory)
