@@ -119,6 +119,9 @@ class Size:
   num_targets: int
   batch_size: int
   default_steps: int
+  # Steps of the checkpoint comparison: a few seconds, so that it measures
+  # the steady cost of periodic checkpoints rather than one save's latency.
+  checkpoint_steps: int
   # The ladder tells something only where host overhead is much of a step.
   breakdown: bool = True
 
@@ -138,12 +141,13 @@ class Size:
 
 
 SIZES = {s.name: s for s in (
-    Size('tiny', 1, (), 1, 128, default_steps=1000),
-    Size('small', 10, (64, 64), 1, 256, default_steps=1000),
+    Size('tiny', 1, (), 1, 128, default_steps=1000, checkpoint_steps=100_000),
+    Size('small', 10, (64, 64), 1, 256, default_steps=1000,
+         checkpoint_steps=20_000),
     Size('medium', 10, (512, 512), 1, 1024, default_steps=100,
-         breakdown=False),
+         checkpoint_steps=400, breakdown=False),
     Size('large', 784, (2048,) * 3, 10, 2048, default_steps=3,
-         breakdown=False),
+         checkpoint_steps=3, breakdown=False),
 )}
 
 
@@ -304,14 +308,18 @@ class Meshfit(Variant):
 
   def __init__(self, size: Size, data: Data, workroot: str, cache_dir: str,
                dtype: str = 'float32',
-               checkpoint_every_steps: int | None = None):
+               checkpoint_every_steps: int | None = None,
+               steps: int | None = None):
     self.name = 'meshfit'
     if dtype != 'float32':
       self.name += f' {dtype}'
     if checkpoint_every_steps:
       self.name += f' ckpt/{checkpoint_every_steps}'
+    if steps:
+      self.name += f', {steps:,} steps'
     self.dtype = dtype
     self.fixed_steps = True
+    self.steps = steps  # None: the round's number
     self._size, self._workroot, self._cache_dir = size, workroot, cache_dir
     self._checkpoint_every_steps = checkpoint_every_steps
     # (due, written) periodic checkpoints of each run.
@@ -737,7 +745,8 @@ def make_variants(size: Size, data: Data, sections: Sequence[str],
                   have_torch: bool) -> list[Variant]:
   """Every variant of `size` that the chosen sections need.
 
-  Checkpoints every 50 steps need a window of 50 steps or more.
+  The checkpoint comparison runs size.checkpoint_steps steps (both of its
+  variants), a window of 50 steps or more.
   """
   v = []
   if {'main', 'precision', 'checkpoint', 'breakdown'} & set(sections):
@@ -757,9 +766,11 @@ def make_variants(size: Size, data: Data, sections: Sequence[str],
                         low_precision_grads=True))
     if have_torch:
       v.append(Torch(size, data, dtype='bfloat16'))
-  if 'checkpoint' in sections and num_steps >= 50:
-    v.append(Meshfit(size, data, workroot, cache_dir,
-                     checkpoint_every_steps=50))
+  if 'checkpoint' in sections and size.checkpoint_steps >= 50:
+    for every in (None, 50):
+      v.append(Meshfit(size, data, workroot, cache_dir,
+                       checkpoint_every_steps=every,
+                       steps=size.checkpoint_steps))
   if 'pipeline' in sections:
     v.append(Pipeline(size, data))
   if 'breakdown' in sections and size.breakdown:
@@ -792,7 +803,8 @@ def run_rounds(variants: Sequence[Variant], num_steps: int, repeats: int,
     steps/s per variant and round, and the steps each variant ran per round.
   """
   # A few steps at least, whatever they take: one step is all noise.
-  counts = {v.name: num_steps if v.fixed_steps or seconds is None
+  counts = {v.name: getattr(v, 'steps', None) or num_steps
+            if v.fixed_steps or seconds is None
             else _calibrate(v, num_steps * v.max_steps_factor, seconds,
                             min_steps=min(num_steps, 3))
             for v in variants}
@@ -872,15 +884,16 @@ def report(results: dict[str, Any]) -> str:
       for bf16 in [n for n in rates if n.startswith(f'{name} bfloat16')
                    or n.startswith(f'proto: {name} bfloat16')]:
         extra.append([f'{bf16} / {name}', _fmt(_ratio(rates, bf16, name))])
-    ckpt = 'meshfit ckpt/50'
+    base = f'meshfit, {size.checkpoint_steps:,} steps'
+    ckpt = f'meshfit ckpt/50, {size.checkpoint_steps:,} steps'
     if ckpt in rates:
-      ratio = _ratio(rates, ckpt, 'meshfit')
+      ratio = _ratio(rates, ckpt, base)
       counts = res.get('checkpoints') or [(0, 0)]
-      written = min(w for _, w in counts)
-      due = max(d for d, _ in counts)
-      extra.append([f'{ckpt} / meshfit (cost {100 * (1 - ratio):.1f}%; '
-                    f'{written} to {max(w for _, w in counts)} of the {due} '
-                    'checkpoints due were written)', _fmt(ratio)])
+      extra.append([f'{ckpt} / {base} (cost {100 * (1 - ratio):.1f}%; '
+                    f'{min(w for _, w in counts)} to '
+                    f'{max(w for _, w in counts)} of the '
+                    f'{max(d for d, _ in counts)} checkpoints due were '
+                    'written)', _fmt(ratio)])
     pipe = 'input pipeline alone'
     if pipe in rates:
       rows_s = max(rates[pipe]) * size.batch_size

@@ -86,6 +86,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.log_every_steps = 100
   config.eval_every_steps = 1000
   config.checkpoint_every_steps = 1000
+  # One host writes periodic checkpoints in the background, taking at most
+  # this fraction of the time: one due sooner than that allows (or while
+  # another is being written) is skipped, and the run lists those at the
+  # end. 1 writes whenever the writer is free. Final and SIGTERM checkpoints
+  # are always written.
+  config.checkpoint_budget = 0.03
   # Checkpoints kept in workdir/checkpoints (the newest ones).
   config.max_checkpoints_to_keep = 3
 

@@ -15,6 +15,7 @@ import concurrent.futures
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -153,10 +154,17 @@ class BackgroundSaver:
   writer is free, the older waiting one is dropped (counted in `skipped`):
   checkpoints that come faster than the disk takes them are thinned, never
   queued without bound, and the newest is always the one kept.
+
+  Writing takes CPU time (and Python's lock) from training, so after a
+  write that took d seconds the saver is not `ready` for another d * (1 /
+  budget - 1) seconds: periodic checkpoints then take at most `budget` of
+  the time. `wait` writes what was submitted whatever the budget.
   """
 
-  def __init__(self, ckpt: Checkpointer):
+  def __init__(self, ckpt: Checkpointer, budget: float = 1.0):
     self._ckpt = ckpt
+    self._budget = budget
+    self._ready_at = 0.0  # time.monotonic() from which to accept more
     self._cond = threading.Condition()
     self._waiting: tuple[int, TrainState, dict[str, Any], list] | None = None
     self._busy = False
@@ -185,6 +193,12 @@ class BackgroundSaver:
       self._waiting = (step, state, meta, list(wait_for))
       self._cond.notify_all()
 
+  def ready(self) -> bool:
+    """Idle, and the budget allows a new checkpoint now."""
+    with self._cond:
+      return (self._waiting is None and not self._busy and
+              time.monotonic() >= self._ready_at)
+
   def _run(self) -> None:
     while True:
       with self._cond:
@@ -198,8 +212,11 @@ class BackgroundSaver:
       try:
         for future in wait_for:
           future.result()
+        start = time.monotonic()
         self._ckpt.save(step, state, meta)
         self._ckpt.wait()
+        end = time.monotonic()
+        self._ready_at = end + (end - start) * (1 / self._budget - 1)
       except BaseException as e:  # noqa: BLE001 (raised in the loop's thread)
         with self._cond:
           self._error = self._error or e

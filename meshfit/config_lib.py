@@ -29,6 +29,7 @@ EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
 RESUME_SAFE_KEYS = EVAL_KEYS + (
     'num_train_steps', 'log_every_steps', 'eval_every_steps',
     'checkpoint_every_steps', 'max_checkpoints_to_keep', 'steps_per_call',
+    'checkpoint_budget',
     'dataset.resident_table_mb', 'profile_start_step', 'profile_num_steps')
 
 
@@ -141,6 +142,9 @@ def validate(config: ml_collections.ConfigDict, num_devices: int) -> None:
     _require(isinstance(get(config, key), int) and get(config, key) >= 0,
              f'{key}={get(config, key)!r} must be an integer >= 0')
 
+  _require(isinstance(config.checkpoint_budget, (int, float))
+           and 0 < config.checkpoint_budget <= 1,
+           f'checkpoint_budget={config.checkpoint_budget!r} must be in (0, 1]')
   cache_dir = config.compilation_cache_dir
   _require(isinstance(cache_dir, str)
            and not os.path.isfile(os.path.expanduser(cache_dir)),

@@ -286,7 +286,7 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
       'data_position': batches.position, 'config': config.to_dict(),
       # What --mode=predict reads from a user's file.
       'feature_names': splits.train.feature_names,
-      'target_names': splits.train.target_names})
+      'target_names': splits.train.target_names}, config.checkpoint_budget)
 
   logging.info('Training steps %d..%d on a %s mesh, up to %d per call, '
                'batches %s.', initial_step + 1, config.num_train_steps,
@@ -362,11 +362,12 @@ class _Saves:
 
   def __init__(self, ckpt: checkpointing.Checkpointer, watch: _LossWatch,
                writer: metrics.AsyncWriter, shardings: state_lib.TrainState,
-               meta: Callable[[], dict]):
+               meta: Callable[[], dict], budget: float):
     self._ckpt, self._watch, self._writer, self._meta = (ckpt, watch, writer,
                                                          meta)
-    self._saver = (checkpointing.BackgroundSaver(ckpt)
+    self._saver = (checkpointing.BackgroundSaver(ckpt, budget)
                    if jax.process_count() == 1 else None)
+    self._skipped: list[int] = []
     self._copy = jax.jit(lambda s: jax.tree.map(jnp.copy, s),
                          out_shardings=shardings)
 
@@ -374,6 +375,9 @@ class _Saves:
     """A checkpoint of `state` (the last call's result) at `step`."""
     if self._saver is None:
       self.now(step, state)
+      return
+    if not self._saver.ready():  # still writing, or over its time budget
+      self._skipped.append(step)
       return
     copy, meta = self._copy(state), self._meta()
     self._watch.then(lambda: self._saver.submit(step, copy, meta,
@@ -401,14 +405,15 @@ class _Saves:
   def close(self) -> None:
     if self._saver is not None:
       self._saver.close()
-      if self._saver.skipped:
+      skipped = sorted(self._skipped + self._saver.skipped)
+      if skipped:
         logging.warning(
             '%d periodic checkpoint(s) skipped (steps %s): each came while '
-            'an earlier one was still being written. Raise '
-            'checkpoint_every_steps to have them all.',
-            len(self._saver.skipped),
-            ', '.join(map(str, self._saver.skipped[:10])) +
-            (', ...' if len(self._saver.skipped) > 10 else ''))
+            'an earlier one was being written or sooner than '
+            'checkpoint_budget allows. Raise checkpoint_every_steps, or '
+            'checkpoint_budget (up to 1), to have more of them.',
+            len(skipped), ', '.join(map(str, skipped[:10])) +
+            (', ...' if len(skipped) > 10 else ''))
 
 
 # What `steps_per_call = 0` aims one call at: enough work to hide the ~0.5 ms

@@ -1,6 +1,7 @@
 """BackgroundSaver: periodic checkpoints written without stopping training."""
 
 import threading
+import time
 
 import pytest
 
@@ -87,5 +88,28 @@ def test_metric_writes_finish_before_the_checkpoint_is_written():
     ckpt.release.release()
     saver.wait()
     assert ckpt.saved == [3]
+  finally:
+    saver.close()
+
+
+def test_the_time_budget_spaces_out_writes():
+  ckpt = _SlowCheckpointer()
+  saver = checkpointing.BackgroundSaver(ckpt, budget=0.25)
+  try:
+    assert saver.ready()
+    saver.submit(1, 's', {})
+    assert not saver.ready()  # writing
+    assert ckpt.started.acquire(timeout=10)
+    time.sleep(0.2)  # the write takes >= 0.2 s ...
+    ckpt.release.release()
+    saver.wait()
+    # ... so, at 25% of the time, the next may start >= 0.6 s after it.
+    assert not saver.ready()
+    time.sleep(0.8)
+    assert saver.ready()
+    saver.submit(2, 's', {})  # and wait() never waits for the budget
+    ckpt.release.release()
+    saver.wait()
+    assert ckpt.saved == [1, 2]
   finally:
     saver.close()

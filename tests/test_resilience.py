@@ -27,7 +27,7 @@ def _args(workdir, data_dir, *extra):
           f'--config.dataset.data_dir={data_dir}',
           '--config.num_train_steps=400', '--config.model.hidden_sizes=(256,256)',
           '--config.batch_size=512', '--config.log_every_steps=10',
-          '--config.checkpoint_every_steps=50',
+          '--config.checkpoint_every_steps=50', '--config.checkpoint_budget=1',
           '--config.eval_every_steps=200', *extra]
 
 

@@ -291,3 +291,18 @@ def test_profile_window_writes_a_trace(small_config, tmp_path):
             os.walk(tmp_path / 'profile') for f in files
             if f.endswith('.xplane.pb')]
   assert len(traces) == 1 and os.path.getsize(traces[0]) > 0
+
+
+def test_checkpoints_beyond_the_time_budget_are_skipped_and_reported(
+    small_config, tmp_path, caplog):
+  small_config.checkpoint_budget = 0.01
+  small_config.checkpoint_every_steps = 5
+  small_config.max_checkpoints_to_keep = 100
+  train_lib.train_and_evaluate(small_config, str(tmp_path))
+  written = sorted(int(s) for s in os.listdir(tmp_path / 'checkpoints'))
+  # The first periodic one and the final one, and few in between: a write
+  # takes far longer than 5 steps of this model.
+  assert written[0] == 5 and written[-1] == 60 and len(written) < 12
+  skipped = sorted(set(range(5, 60, 5)) - set(written))
+  assert (f'{len(skipped)} periodic checkpoint(s) skipped (steps '
+          f'{", ".join(map(str, skipped))})') in caplog.text
