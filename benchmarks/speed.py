@@ -77,7 +77,7 @@ from input_pipeline import loader  # noqa: E402
 from input_pipeline.tables import Table  # noqa: E402
 from meshfit import sharding, state as state_lib, steps, train_lib  # noqa: E402
 from meshfit.normalization import Normalizer  # noqa: E402
-from models.mlp import MlpConfig  # noqa: E402
+from models import mlp  # noqa: E402
 
 SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
             'first_step')
@@ -226,7 +226,7 @@ class _InFlight:
 
 def _steps_per_call(config, size: Size) -> int:
   return train_lib.steps_per_call(config, state_lib.ModelSpec(
-      MlpConfig(**config.model), size.num_features, size.num_targets))
+      mlp.MlpConfig(**config.model), size.num_features, size.num_targets))
 
 
 def _calls(config, size: Size,
@@ -367,42 +367,14 @@ def _init_mlp(size: Size, seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
                              size.layer_sizes[1:])]
 
 
-@jax.custom_vjp
-def _dot_low_precision_grads(x_BxI: jax.Array, w_IxO: jax.Array) -> jax.Array:
-  """x @ w accumulated in float32, whose gradients are computed in x's dtype.
-
-  JAX's own transpose of a dot with preferred_element_type=float32 feeds the
-  float32 cotangent into both backward dots, so XLA upcasts the bfloat16
-  operand and runs them at the float32 rate (slower still for the casts).
-  Here the cotangent is cast down first: every matmul runs bfloat16 x
-  bfloat16 with float32 accumulation.
-  """
-  return jax.lax.dot(x_BxI, w_IxO, preferred_element_type=jnp.float32)
-
-
-def _dot_low_precision_grads_fwd(x_BxI, w_IxO):
-  return _dot_low_precision_grads(x_BxI, w_IxO), (x_BxI, w_IxO)
-
-
-def _dot_low_precision_grads_bwd(residuals, g_BxO):
-  x_BxI, w_IxO = residuals
-  g_BxO = g_BxO.astype(x_BxI.dtype)
-  dx_BxI = jax.lax.dot_general(g_BxO, w_IxO, (((1,), (1,)), ((), ())),
-                               preferred_element_type=jnp.float32)
-  dw_IxO = jax.lax.dot_general(x_BxI, g_BxO, (((0,), (0,)), ((), ())),
-                               preferred_element_type=jnp.float32)
-  return dx_BxI.astype(x_BxI.dtype), dw_IxO.astype(w_IxO.dtype)
-
-
-_dot_low_precision_grads.defvjp(_dot_low_precision_grads_fwd,
-                                _dot_low_precision_grads_bwd)
-
-
 def _mlp_loss(params, x_BxF: jax.Array, y_BxT: jax.Array,
               dtype: jnp.dtype, low_precision_grads: bool = False
               ) -> jax.Array:
-  dot = (_dot_low_precision_grads if low_precision_grads else functools.partial(
-      jax.lax.dot, preferred_element_type=jnp.float32))
+  # models/mlp.py's matmul: its backward dots in `dtype` too, the weight
+  # gradient's in the form XLA:CPU keeps bfloat16.
+  dot = (functools.partial(mlp.low_precision_matmul, dtype=dtype)
+         if low_precision_grads else
+         functools.partial(jax.lax.dot, preferred_element_type=jnp.float32))
   h = x_BxF
   for i, (w, b) in enumerate(params):
     h = dot(h.astype(dtype), w.astype(dtype)) + b

@@ -1,5 +1,8 @@
 """The MLP regressor: shapes, mixed precision, and its dtype settings."""
 
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +13,7 @@ from configs import default
 from meshfit import config_lib, sharding, state as state_lib, steps, train_lib
 from meshfit.errors import UsageError
 from meshfit.normalization import Normalizer
+from models import mlp
 from models.mlp import Mlp, MlpConfig
 
 
@@ -99,3 +103,192 @@ def test_bf16_training_follows_f32_training_and_keeps_f32_params():
       jnp.dtype(jnp.float32)}
   assert bf16_losses[-1] < 0.5 * bf16_losses[0]  # it learns
   np.testing.assert_allclose(bf16_losses, f32_losses, rtol=0.05, atol=1e-3)
+
+
+# The bfloat16 matmul: gradients, the float32 path, kernels, shardings.
+
+
+def _relative_error(actual: jax.Array, expected: jax.Array) -> float:
+  return float(jnp.linalg.norm(actual - expected) / jnp.linalg.norm(expected))
+
+
+@pytest.mark.parametrize('shape', [(8, 6), (7, 6), (6, 7), (7, 5), (1, 4)])
+def test_transposed_copy_is_the_transpose(shape):
+  a_NxM = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
+  np.testing.assert_array_equal(jax.jit(mlp.transposed_copy)(a_NxM), a_NxM.T)
+
+
+# Even and odd batches and widths take the three forms of transposed_copy.
+@pytest.mark.parametrize('b, i, o', [(64, 32, 16), (63, 32, 16),
+                                     (63, 31, 16), (64, 10, 1)])
+@pytest.mark.parametrize('kernel_dtype', ['float32', 'bfloat16'])
+def test_low_precision_matmul_gradients_match_float32(b, i, o, kernel_dtype):
+  keys = jax.random.split(jax.random.key(0), 3)
+  x_BxI = jax.random.normal(keys[0], (b, i))
+  kernel_IxO = jax.random.normal(keys[1], (i, o)).astype(kernel_dtype)
+  g_BxO = jax.random.normal(keys[2], (b, o))
+
+  def loss(matmul, x_BxI, kernel_IxO):
+    return jnp.sum(matmul(x_BxI, kernel_IxO) * g_BxO)
+
+  bf16 = lambda x, k: mlp.low_precision_matmul(x, k, jnp.bfloat16)  # noqa: E731
+  f32 = lambda x, k: x @ k.astype(jnp.float32)  # noqa: E731
+  dx, dkernel = jax.jit(jax.grad(functools.partial(loss, bf16),
+                                 argnums=(0, 1)))(x_BxI, kernel_IxO)
+  dx_ref, dkernel_ref = jax.grad(functools.partial(loss, f32),
+                                 argnums=(0, 1))(x_BxI, kernel_IxO)
+  # Gradients come back in the primal dtypes: float32 ones unrounded.
+  assert dx.dtype == x_BxI.dtype and dkernel.dtype == kernel_IxO.dtype
+  # Operands rounded to bfloat16 (relative 2^-9), products summed in
+  # float32: ~0.3% here. No error would mean nothing ran in bfloat16;
+  # bfloat16 accumulation or a wrong transpose lands far above.
+  for actual, expected in ((dx, dx_ref), (dkernel, dkernel_ref)):
+    err = _relative_error(actual.astype(jnp.float32),
+                          expected.astype(jnp.float32))
+    assert 1e-4 < err < 0.01, err
+
+
+def _grads(model: Mlp, x_BxF: jax.Array) -> dict:
+  graphdef, params = nnx.split(model, nnx.Param)
+
+  def loss(params):
+    return jnp.mean(nnx.merge(graphdef, params)(x_BxF) ** 2)
+  return nnx.to_pure_dict(jax.jit(jax.grad(loss))(params))
+
+
+def test_bf16_gradients_are_close_to_float32_gradients():
+  x_BxF = _x_BxF()
+  f32 = _grads(_model('float32'), x_BxF)
+  bf16 = _grads(_model('bfloat16'), x_BxF)
+  assert jax.tree.structure(bf16) == jax.tree.structure(f32)
+  for path, g_f32 in jax.tree_util.tree_leaves_with_path(f32):
+    g_bf16 = functools.reduce(lambda d, k: d[k.key], path, bf16)
+    assert g_bf16.dtype == jnp.float32
+    err = _relative_error(g_bf16, g_f32)
+    assert 0 < err < 0.02, (jax.tree_util.keystr(path), err)
+
+
+def _reference_mlp(params: dict, x_BxF: jax.Array) -> jax.Array:
+  """The float32 model written out: relu hidden layers, a linear head."""
+  h = x_BxF
+  for layer in params['hidden'].values():
+    h = jax.nn.relu(jax.lax.dot(h, layer['kernel'],
+                                preferred_element_type=jnp.float32)
+                    + layer['bias'].reshape(1, -1))
+  head = params['head']
+  return jax.lax.dot(h, head['kernel'],
+                     preferred_element_type=jnp.float32) + head['bias'].reshape(
+                         1, -1)
+
+
+def test_float32_path_is_the_plain_dot_bit_for_bit():
+  x_BxF = _x_BxF()
+  model = _model('float32')
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  np.testing.assert_array_equal(jax.jit(model)(x_BxF),
+                                jax.jit(_reference_mlp)(params, x_BxF))
+  grads_ref = jax.jit(jax.grad(
+      lambda p: jnp.mean(_reference_mlp(p, x_BxF) ** 2)))(params)
+  jax.tree.map(np.testing.assert_array_equal, _grads(model, x_BxF),
+               grads_ref)
+
+
+def test_only_bf16_compute_uses_the_custom_matmul():
+  x_BxF = _x_BxF()
+  for dtype, expected in (('float32', False), ('bfloat16', True)):
+    graphdef, params = nnx.split(_model(dtype), nnx.Param)
+    jaxpr = jax.make_jaxpr(jax.grad(
+        lambda p: jnp.sum(nnx.merge(graphdef, p)(x_BxF))))(params)
+    assert ('custom_vjp_call' in str(jaxpr)) == expected, dtype
+
+
+def test_bf16_model_has_the_float32_checkpoint_structure():
+  def layout(model):
+    return jax.tree.map(lambda a: (a.shape, a.dtype), nnx.to_pure_dict(
+        nnx.state(model, nnx.Param)))
+  assert layout(_model('bfloat16')) == layout(_model('float32'))
+
+
+def _dot_operand_dtypes(hlo_text: str) -> list[str]:
+  """The left operand's dtype of every dot in a compiled module."""
+  dtypes = dict(re.findall(r'%([\w.\-]+) = (\w+)\[', hlo_text))
+  return [dtypes[name] for name in re.findall(r' dot\(%([\w.\-]+),',
+                                               hlo_text)]
+
+
+def _has_avx512_bf16() -> bool:
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      return 'avx512_bf16' in f.read()
+  except OSError:
+    return False
+
+
+@pytest.mark.skipif(not _has_avx512_bf16(),
+                    reason='XLA:CPU upcasts bfloat16 dots without avx512_bf16')
+def test_every_bf16_training_matmul_runs_in_bfloat16():
+  """No dot of the backward pass is upcast to float32 (the slow path)."""
+  # XLA:CPU keeps dots over 2 targets in float32 on its own accord (tiny).
+  config = MlpConfig(hidden_sizes=(64, 64), dtype='bfloat16')
+  model = state_lib.ModelSpec(config, num_features=10,
+                              num_targets=16).build(0)
+  graphdef, params = nnx.split(model, nnx.Param)
+  x_BxF = _x_BxF(256)
+
+  def loss(params):
+    return jnp.mean(nnx.merge(graphdef, params)(x_BxF) ** 2)
+  hlo = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+  # 3 forward, 3 weight-gradient and 2 input-gradient matmuls (the features
+  # get none). jax.grad's own derivative upcasts at least the 3 x^T @ g.
+  dtypes = _dot_operand_dtypes(hlo)
+  assert dtypes == ['bf16'] * 8, dtypes
+
+
+def _train_on_mesh(mesh, dtype: str, num_steps: int) -> tuple[np.ndarray,
+                                                                 str]:
+  """Adam on a fixed batch on `mesh`: the losses and the step's compiled HLO."""
+  config = default.get_config()
+  config.model.hidden_sizes = (64, 64, 64)
+  config.model.dtype = dtype
+  config.optimizer.schedule = 'constant'
+  setup = train_lib.make_setup(config, num_features=10, num_targets=2,
+                               mesh=mesh)
+  rng = np.random.default_rng(0)
+  x_BxF = rng.standard_normal((64, 10)).astype(np.float32)
+  y_BxT = np.concatenate([np.sin(x_BxF[:, :1]), x_BxF[:, 1:2] ** 2],
+                         axis=1).astype(np.float32)
+  norm = Normalizer.fit(x_BxF, y_BxT, True)
+  state = state_lib.create_train_state(setup.spec, setup.tx, mesh, 0, norm)
+  train_step = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
+                                    mesh, config.log_every_steps)
+  batch_sharding = sharding.batch_sharding(mesh)
+  batch = {'x': jax.device_put(x_BxF, batch_sharding),
+           'y': jax.device_put(y_BxT, batch_sharding)}
+  hlo = train_step.lower(state, batch).compile().as_text()
+  losses = []
+  for _ in range(num_steps):
+    state, loss = train_step(state, batch)
+    losses.append(float(loss))
+  return np.array(losses), hlo
+
+
+def _collectives(hlo_text: str) -> list[str]:
+  return sorted(re.findall(
+      r'= [^=]*? (all-reduce|all-gather|reduce-scatter|all-to-all|'
+      r'collective-permute)(?:-start)?\(', hlo_text))
+
+
+def test_bf16_training_on_a_sharded_mesh_matches_one_device():
+  one_device, _ = _train_on_mesh(sharding.make_mesh(1, 1, jax.devices()[:1]),
+                                 'bfloat16', 20)
+  mesh = sharding.make_mesh(4, 2)
+  losses, hlo = _train_on_mesh(mesh, 'bfloat16', 20)
+  # Sharded dots add their partial products in another order, and the
+  # float32 sums then round to a different bfloat16 now and then.
+  np.testing.assert_allclose(losses, one_device, rtol=2e-3)
+  assert losses[-1] < 0.5 * losses[0]
+  # The transposed copies of x add no communication: the same collectives
+  # as the float32 step.
+  _, f32_hlo = _train_on_mesh(mesh, 'float32', 0)
+  assert _collectives(hlo) == _collectives(f32_hlo)
+  assert _collectives(hlo)  # the mesh does split the model
