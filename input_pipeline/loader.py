@@ -197,29 +197,37 @@ class TrainLoader:
       rows_KxB: row k holds this process's entries of the batch that starts
       at stream entry `position + k * batch_size`.
     """
+    # The batches are one contiguous stretch of the stream: copy it out of
+    # the epochs' permutations slice by slice, then keep this process's
+    # columns of each batch.
     n = self.num_examples
-    entries = (position + self._batch_size * np.arange(num_batches)[:, None]
-               + np.arange(self._rows.start, self._rows.stop)[None, :])
-    epochs = entries // n
-    out = np.empty(entries.shape, np.int64)
-    for epoch in np.unique(epochs):
-      if epoch not in self._perms:
-        # Keep only the epochs a batch can still reach.
-        self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
-        self._perms[epoch] = epoch_permutation(self._seed, int(epoch), n)
-      sel = epochs == epoch
-      out[sel] = self._perms[epoch][entries[sel] % n]
-    return out
+    end = position + num_batches * self._batch_size
+    pieces = []
+    while position < end:
+      epoch, offset = divmod(position, n)
+      take = min(n - offset, end - position)
+      pieces.append(self._permutation(epoch)[offset:offset + take])
+      position += take
+    stream = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+    return stream.reshape(num_batches, self._batch_size)[:, self._rows]
+
+  def _permutation(self, epoch: int) -> np.ndarray:
+    if epoch not in self._perms:
+      # Keep only the epochs a batch can still reach.
+      self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
+      self._perms[epoch] = epoch_permutation(
+          self._seed, epoch, self.num_examples).astype(np.int32)
+    return self._perms[epoch]
 
   def _produce(self) -> tuple[int, dict[str, jax.Array]]:
     num_steps = next(self._sizes, None)
     if num_steps is None:
       raise StopIteration('the chunk plan is exhausted')
     idx_KxB = np.zeros((self._k, self._rows.stop - self._rows.start),
-                       np.int64)
+                       np.int32)
     idx_KxB[:num_steps] = self.indices(self._next_produced, num_steps)
     self._next_produced += num_steps * self._batch_size
-    local = ({'idx': idx_KxB.astype(np.int32)} if self.resident else
+    local = ({'idx': idx_KxB} if self.resident else
              {'x': self._x[idx_KxB], 'y': self._y[idx_KxB]})
     chunk = {name: jax.make_array_from_process_local_data(
         self._chunk_sharding, a, (self._k, self._batch_size) + a.shape[2:])

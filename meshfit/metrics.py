@@ -18,7 +18,7 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import jax
@@ -320,12 +320,17 @@ class AsyncWriter(ScalarWriter):
         max_workers=1, thread_name_prefix='meshfit-metrics')
     self._pending: list[concurrent.futures.Future] = []
 
-  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+  def write_scalars(
+      self, step: int,
+      scalars: Mapping[str, Any] | Callable[[], Mapping[str, Any]]) -> None:
+    """Queues a write; `scalars` may be a function computing them there."""
+    def write():
+      values = scalars() if callable(scalars) else scalars
+      self._writer.write_scalars(
+          step, {k: float(v) for k, v in values.items()})
     self._pending = [f for f in self._pending if not f.done() or
                      f.exception() is not None]
-    self._pending.append(self._pool.submit(
-        lambda: self._writer.write_scalars(
-            step, {k: float(v) for k, v in scalars.items()})))
+    self._pending.append(self._pool.submit(write))
 
   def pending(self) -> list[concurrent.futures.Future]:
     """The writes not yet known to be done (to wait for elsewhere)."""

@@ -63,8 +63,10 @@ def fit_step(state: TrainState, batch_z: Batch, *, graphdef: nnx.GraphDef,
     uses to bound the steps in flight and to catch a non-finite loss).
   """
   x_BxF, z_BxT = batch_z['x'], batch_z['y']
-  dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng),
-                                   state.step)
+  dropout_key = None
+  if nnx.merge(graphdef, state.params).dropout_rate > 0:  # static
+    dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng),
+                                     state.step)
 
   def loss_fn(params):
     model = nnx.merge(graphdef, params)

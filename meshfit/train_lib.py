@@ -306,8 +306,10 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
       watch.add(done + 1, n, losses_K)
       last = step == config.num_train_steps
       if step % config.log_every_steps == 0 or last:
-        watch.then(functools.partial(_log_train, writer, step, train_metrics,
-                                     schedule(step - 1), speed(step)))
+        # Computed and written by the writer's thread, once checked.
+        scalars = functools.partial(_train_scalars, train_metrics, schedule,
+                                    step, speed(step))
+        watch.then(functools.partial(writer.write_scalars, step, scalars))
       if step % config.checkpoint_every_steps == 0 and not last:
         saves.periodic(step, state)
       watch.settle()
@@ -453,14 +455,15 @@ def steps_per_call(config: ml_collections.ConfigDict,
   return min(sorted(candidates, reverse=True), key=calls)
 
 
-def _log_train(writer, step: int, train_metrics: metrics.TrainMetrics,
-               learning_rate: jax.Array, steps_per_sec: float) -> None:
-  """Writes a call's train metrics, once its losses have been checked."""
+def _train_scalars(train_metrics: metrics.TrainMetrics,
+                   schedule: optax.Schedule, step: int,
+                   steps_per_sec: float) -> dict[str, float]:
+  """The train scalars logged at `step` (from its call's metrics copy)."""
   summary = jax.device_get(train_metrics).compute()
-  writer.write_scalars(step, {'train/loss': summary['loss'],
-                              'train/grad_norm': summary['grad_norm'],
-                              'train/learning_rate': learning_rate,
-                              'train/steps_per_sec': steps_per_sec})
+  return {'train/loss': summary['loss'],
+          'train/grad_norm': summary['grad_norm'],
+          'train/learning_rate': schedule(step - 1),
+          'train/steps_per_sec': steps_per_sec}
 
 
 def _fits_on_device(table: Table, limit_mb: int) -> bool:
