@@ -7,6 +7,7 @@ one device first.
 """
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -55,11 +56,17 @@ class ModelSpec:
                  rngs=nnx.Rngs(seed))
 
 
+@functools.lru_cache(maxsize=16)
+def _abstract_model(spec: ModelSpec) -> Mlp:
+  """The model's shapes and metadata, no arrays (built once per spec: a
+  start needs them several times, and each build traces the model)."""
+  with nnx.use_eager_sharding(False):
+    return nnx.eval_shape(lambda: spec.build(0))
+
+
 def graphdef(spec: ModelSpec) -> nnx.GraphDef:
   """The model's static structure, for `nnx.merge(graphdef, params)`."""
-  with nnx.use_eager_sharding(False):
-    abstract = nnx.eval_shape(lambda: spec.build(0))
-  return nnx.split(abstract, nnx.Param)[0]
+  return nnx.split(_abstract_model(spec), nnx.Param)[0]
 
 
 def _init(spec: ModelSpec, tx: optax.GradientTransformation, seed: int,
@@ -75,6 +82,7 @@ def _init(spec: ModelSpec, tx: optax.GradientTransformation, seed: int,
       train_metrics=TrainMetrics.empty())
 
 
+@functools.lru_cache(maxsize=16)
 def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
                     mesh: Mesh) -> TrainState:
   """NamedShardings for every leaf of the train state on `mesh`.
@@ -82,10 +90,8 @@ def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
   Parameters follow their logical names; optimizer moments that mirror a
   parameter get the parameter's sharding; everything else is replicated.
   """
-  with nnx.use_eager_sharding(False):
-    abstract = nnx.eval_shape(lambda: spec.build(0))
   logical = nnx.to_pure_dict(nnx.get_partition_spec(
-      nnx.state(abstract, nnx.Param)))
+      nnx.state(_abstract_model(spec), nnx.Param)))
   param_shardings = sharding.param_sharding(logical, mesh)
   abstract_state = jax.eval_shape(
       lambda: _init(spec, tx, 0, Normalizer.identity(spec.num_features,
