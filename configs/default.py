@@ -33,7 +33,9 @@ def get_config() -> ml_collections.ConfigDict:
   # Train on features and targets standardised with the training split's
   # mean and std (stored in the checkpoint); metrics stay in original units.
   config.dataset.standardize = True
-  # Chunks of steps_per_call batches the input pipeline prepares ahead.
+  # Chunks of steps_per_call batches that a thread prepares ahead when the
+  # table is streamed from the host (a resident table's chunks are made
+  # when needed: they are only row indices).
   config.dataset.prefetch_batches = 2
   # A training table (features + targets, float32) up to this many MiB is
   # copied once to every device and batches are gathered there; a larger one

@@ -270,13 +270,13 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
       periods=(config.log_every_steps, config.eval_every_steps,
                config.checkpoint_every_steps),
       stops=profile.stops)
+  resident = _fits_on_device(splits.train, config.dataset.resident_table_mb)
   batches = loader.TrainLoader(
       splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
       seed=config.seed, mesh=setup.mesh,
-      chunk_sizes=(n for _, n in plan()),
-      steps_per_call=calls_of,
-      resident=_fits_on_device(splits.train, config.dataset.resident_table_mb),
-      position=position, prefetch=config.dataset.prefetch_batches)
+      chunk_sizes=(n for _, n in plan()), steps_per_call=calls_of,
+      resident=resident, position=position,
+      prefetch=0 if resident else config.dataset.prefetch_batches)
   table_z = ({} if not batches.resident else
              steps.jit_standardize(setup.mesh)(state.norm,
                                                batches.device_table()))
