@@ -533,8 +533,7 @@ class _MeshfitParts:
         seed=0, mesh=self.setup.mesh,
         chunk_sizes=itertools.repeat(steps_per_call),
         steps_per_call=steps_per_call, resident=self.resident,
-        prefetch=(0 if self.resident else
-                  self.config.dataset.prefetch_batches))
+        prefetch=self.config.dataset.prefetch_batches)
 
   def table(self, batches: loader.TrainLoader) -> dict[str, jax.Array]:
     if not self.resident:

@@ -148,7 +148,7 @@ class TrainLoader:
                batch_size: int, seed: int, mesh: Mesh,
                chunk_sizes: Iterable[int], steps_per_call: int,
                resident: bool, position: int = 0, prefetch: int = 2):
-    """Starts preparing chunks in a background thread.
+    """Prepares chunks (a streamed table's in a background thread).
 
     Args:
       x_NxF: the training features.
@@ -161,18 +161,17 @@ class TrainLoader:
       resident: gather batches on device from `device_table()`; else stream
         the rows from the host.
       position: stream entries consumed before the first chunk.
-      prefetch: chunks a background thread prepares ahead; 0 prepares each
-        when asked. (A resident table's chunks are only indices: handing
-        them between threads costs more than making them, ~0.2 ms against
-        ~0.1 ms a call here, and the devices are busy with the previous
-        call meanwhile anyway.)
+      prefetch: chunks of a streamed table a background thread prepares
+        ahead (0: each when asked). A resident table's chunks are always
+        made when asked: they are only indices, and handing them between
+        threads costs more than making them (~0.2 ms against ~0.1 ms a call
+        here), while the devices run the previous call anyway.
     """
     self._sharding = sharding.batch_sharding(mesh)
     check_batch_size(batch_size, self._sharding, 'batch_size')
     self._x, self._y = x_NxF, y_NxT
     self._batch_size = batch_size
     self._seed = seed
-    self._mesh = mesh
     self._k = steps_per_call
     self.resident = resident
     self._rows = process_rows(self._sharding, batch_size)
@@ -182,8 +181,8 @@ class TrainLoader:
     self._sizes = iter(chunk_sizes)
     self.position = position
     self._next_produced = position
-    self._prefetcher = (_Prefetcher(self._produce, prefetch) if prefetch
-                        else None)
+    self._prefetcher = (_Prefetcher(self._produce, prefetch)
+                        if prefetch and not resident else None)
 
   @property
   def num_examples(self) -> int:

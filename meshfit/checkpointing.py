@@ -170,6 +170,8 @@ class BackgroundSaver:
     self._busy = False
     self._closed = False
     self._error: BaseException | None = None
+    # Steps not written: replaced while waiting here, or (the loop's
+    # doing) due while the saver was not `ready`.
     self.skipped: list[int] = []
     self._thread = threading.Thread(target=self._run, daemon=True,
                                     name='meshfit-checkpoints')

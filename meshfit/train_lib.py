@@ -270,13 +270,12 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
       periods=(config.log_every_steps, config.eval_every_steps,
                config.checkpoint_every_steps),
       stops=profile.stops)
-  resident = _fits_on_device(splits.train, config.dataset.resident_table_mb)
   batches = loader.TrainLoader(
       splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
       seed=config.seed, mesh=setup.mesh,
       chunk_sizes=(n for _, n in plan()), steps_per_call=calls_of,
-      resident=resident, position=position,
-      prefetch=0 if resident else config.dataset.prefetch_batches)
+      resident=_fits_on_device(splits.train, config.dataset.resident_table_mb),
+      position=position, prefetch=config.dataset.prefetch_batches)
   table_z = ({} if not batches.resident else
              steps.jit_standardize(setup.mesh)(state.norm,
                                                batches.device_table()))
@@ -369,7 +368,6 @@ class _Saves:
                                                          meta)
     self._saver = (checkpointing.BackgroundSaver(ckpt, budget)
                    if jax.process_count() == 1 else None)
-    self._skipped: list[int] = []
     self._copy = jax.jit(lambda s: jax.tree.map(jnp.copy, s),
                          out_shardings=shardings)
 
@@ -379,7 +377,7 @@ class _Saves:
       self.now(step, state)
       return
     if not self._saver.ready():  # still writing, or over its time budget
-      self._skipped.append(step)
+      self._saver.skipped.append(step)
       return
     copy, meta = self._copy(state), self._meta()
     self._watch.then(lambda: self._saver.submit(step, copy, meta,
@@ -407,7 +405,7 @@ class _Saves:
   def close(self) -> None:
     if self._saver is not None:
       self._saver.close()
-      skipped = sorted(self._skipped + self._saver.skipped)
+      skipped = sorted(self._saver.skipped)
       if skipped:
         logging.warning(
             '%d periodic checkpoint(s) skipped (steps %s): each came while '
