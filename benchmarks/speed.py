@@ -141,9 +141,9 @@ class Size:
 
 
 SIZES = {s.name: s for s in (
-    Size('tiny', 1, (), 1, 128, default_steps=1000, checkpoint_steps=100_000),
+    Size('tiny', 1, (), 1, 128, default_steps=1000, checkpoint_steps=400_000),
     Size('small', 10, (64, 64), 1, 256, default_steps=1000,
-         checkpoint_steps=20_000),
+         checkpoint_steps=40_000),
     Size('medium', 10, (512, 512), 1, 1024, default_steps=100,
          checkpoint_steps=400, breakdown=False),
     Size('large', 784, (2048,) * 3, 10, 2048, default_steps=3,
@@ -226,16 +226,18 @@ class _InFlight:
 
 def _steps_per_call(config, size: Size) -> int:
   return train_lib.steps_per_call(config, state_lib.ModelSpec(
-      mlp.MlpConfig(**config.model), size.num_features, size.num_targets))
+      mlp.MlpConfig(**config.model), size.num_features, size.num_targets),
+                                  background_checkpoints=True)
 
 
-def _calls(config, size: Size,
-           num_train_steps: int) -> Iterator[tuple[int, int]]:
-  """meshfit's grouping of steps into calls under `config`."""
-  return loader.chunk_plan(0, num_train_steps, _steps_per_call(config, size),
-                           periods=(config.log_every_steps,
-                                    config.eval_every_steps,
-                                    config.checkpoint_every_steps))
+def _first_call(config, size: Size) -> int:
+  """The steps of meshfit's first call under `config` (one process: the
+  first due checkpoint ends it, as the saver is idle then)."""
+  return next(loader.chunk_plan(0, config.num_train_steps,
+                                _steps_per_call(config, size),
+                                periods=(config.log_every_steps,
+                                         config.eval_every_steps,
+                                         config.checkpoint_every_steps)))[1]
 
 
 def _meshfit_config(size: Size, *, dtype: str, num_train_steps: int | None,
@@ -265,7 +267,7 @@ class _StopTraining(Exception):
 
 @contextlib.contextmanager
 def meshfit_hooks(splits: input_pipeline.Splits, step_times: list[float],
-                  wait_for: Sequence[int] = (), stop_after: int | None = None
+                  wait_at: Sequence[int] = (), stop_after: int | None = None
                   ) -> Iterator[None]:
   """Feeds meshfit `splits` and timestamps its jitted train calls.
 
@@ -273,20 +275,29 @@ def meshfit_hooks(splits: input_pipeline.Splits, step_times: list[float],
     splits: what `input_pipeline.load_splits` returns meanwhile.
     step_times: gets one `time.perf_counter()` per call (of up to
       `steps_per_call` steps).
-    wait_for: calls (1-based) whose results are waited for before their
-      timestamp: the ends of a timed window. Other calls are timestamped as
-      they return (the loop itself keeps them within two calls of done).
+    wait_at: steps (of a fresh run) at which a call whose results are waited
+      for before its timestamp ends: the ends of a timed window. Other calls
+      are timestamped as they return (the loop itself keeps them within two
+      calls of done).
     stop_after: raise `_StopTraining` after this many calls.
   """
   load_splits, jit_train_steps = (input_pipeline.load_splits,
                                   steps.jit_train_steps)
+  next_chunk = loader.TrainLoader.__next__
+  step = 0  # at the end of the last chunk handed out
+
+  def counted_next(batches):
+    nonlocal step
+    n, chunk = next_chunk(batches)
+    step += n
+    return n, chunk
 
   def timed_jit_train_steps(*args, **kwargs):
     steps_fn = jit_train_steps(*args, **kwargs)
 
     def timed(state, table, chunk):
       out = steps_fn(state, table, chunk)
-      if len(step_times) + 1 in wait_for:
+      if step in wait_at:
         jax.block_until_ready(out)
       step_times.append(time.perf_counter())
       if stop_after is not None and len(step_times) >= stop_after:
@@ -296,11 +307,13 @@ def meshfit_hooks(splits: input_pipeline.Splits, step_times: list[float],
 
   input_pipeline.load_splits = lambda dataset: splits
   steps.jit_train_steps = timed_jit_train_steps
+  loader.TrainLoader.__next__ = counted_next
   try:
     yield
   finally:
     input_pipeline.load_splits = load_splits
     steps.jit_train_steps = jit_train_steps
+    loader.TrainLoader.__next__ = next_chunk
 
 
 class Meshfit(Variant):
@@ -332,19 +345,18 @@ class Meshfit(Variant):
         self._size, dtype=self.dtype, num_train_steps=None,
         checkpoint_every_steps=self._checkpoint_every_steps,
         cache_dir=self._cache_dir)
-    first = next(_calls(config, self._size, config.num_train_steps))[1]
+    first = _first_call(config, self._size)
     config.num_train_steps = first + num_steps
     config.eval_every_steps = config.num_train_steps
     if not self._checkpoint_every_steps:
       config.checkpoint_every_steps = config.num_train_steps
     config.max_checkpoints_to_keep = 10**6  # count them all afterwards
-    calls = list(_calls(config, self._size, config.num_train_steps))
-    assert calls[0][1] == first
     workdir = tempfile.mkdtemp(dir=self._workroot)
     times = []
     try:
       # From the first call done to the last call done: num_steps steps.
-      with meshfit_hooks(self._splits, times, wait_for=(1, len(calls))):
+      with meshfit_hooks(self._splits, times,
+                         wait_at=(first, config.num_train_steps)):
         train_lib.train_and_evaluate(config, workdir)
       if self._checkpoint_every_steps:
         # Periodic checkpoints due inside the window (not the final one),
@@ -673,7 +685,8 @@ def _first_step_child(spec: dict[str, str]) -> None:
   workdir = tempfile.mkdtemp()
   times = []
   try:
-    with meshfit_hooks(splits, times, wait_for=(1,), stop_after=1):
+    with meshfit_hooks(splits, times, wait_at=(_first_call(config, size),),
+                       stop_after=1):
       train_lib.train_and_evaluate(config, workdir)
   except _StopTraining:
     pass

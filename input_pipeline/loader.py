@@ -103,15 +103,22 @@ class _Prefetcher:
 
 
 def chunk_plan(first_step: int, last_step: int, steps_per_call: int,
-               periods: Iterable[int] = (),
-               stops: Iterable[int] = ()) -> Iterator[tuple[int, int]]:
+               periods: Iterable[int] = (), stops: Iterable[int] = (),
+               optional_period: int = 0,
+               take: Callable[[int], bool] = lambda step: True
+               ) -> Iterator[tuple[int, int]]:
   """How steps first_step+1..last_step are grouped into calls.
 
   A call ends at the next multiple of `steps_per_call`, of any of `periods`
-  (logging, evaluation, checkpoints), at any of `stops`, or at `last_step`,
-  whichever comes first. Boundaries are absolute step numbers, so a run
-  resumed from any call's end groups the rest of its steps as the
-  uninterrupted run does.
+  (logging, evaluation), at any of `stops`, or at `last_step`, whichever
+  comes first. Boundaries are absolute step numbers, so a run resumed from
+  any call's end groups the rest of its steps as the uninterrupted run does.
+
+  A multiple of `optional_period` (single-process checkpoints) that falls
+  inside a call ends it only if `take(step)`, asked once per such step when
+  its call is planned, says so: a checkpoint that would not be written
+  anyway does not cost a call. Grouping changes no bit of the result (see
+  steps.train_steps), so such a plan still resumes exactly.
 
   Yields:
     (steps done before the call, steps in the call).
@@ -122,6 +129,12 @@ def chunk_plan(first_step: int, last_step: int, steps_per_call: int,
   while step < last_step:
     end = min([last_step] + [(step // p + 1) * p for p in periods] +
               [s for s in stops if s > step][:1])
+    if optional_period > 0:
+      for due in range((step // optional_period + 1) * optional_period, end,
+                       optional_period):
+        if take(due):
+          end = due
+          break
     yield step, end - step
     step = end
 

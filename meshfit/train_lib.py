@@ -8,7 +8,6 @@ import collections
 import dataclasses
 import functools
 import json
-import math
 import os
 import time
 from collections.abc import Callable
@@ -264,28 +263,37 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
   eval_step = steps.jit_eval_step(setup.graphdef, setup.shardings, setup.mesh)
   schedule = optim.learning_rate_schedule(config, config.num_train_steps)
   profile = _ProfileWindow(config, workdir)
-  calls_of = steps_per_call(config, setup.spec)
-  plan = functools.partial(
-      loader.chunk_plan, initial_step, config.num_train_steps, calls_of,
-      periods=(config.log_every_steps, config.eval_every_steps,
-               config.checkpoint_every_steps),
-      stops=profile.stops)
-  batches = loader.TrainLoader(
-      splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
-      seed=config.seed, mesh=setup.mesh,
-      chunk_sizes=(n for _, n in plan()), steps_per_call=calls_of,
-      resident=_fits_on_device(splits.train, config.dataset.resident_table_mb),
-      position=position, prefetch=config.dataset.prefetch_batches)
-  table_z = ({} if not batches.resident else
-             steps.jit_standardize(setup.mesh)(state.norm,
-                                               batches.device_table()))
   watch = _LossWatch()
-  speed = _StepsPerSecond(initial_step)
   saves = _Saves(ckpt, watch, writer, setup.shardings, lambda: {
       'data_position': batches.position, 'config': config.to_dict(),
       # What --mode=predict reads from a user's file.
       'feature_names': splits.train.feature_names,
       'target_names': splits.train.target_names}, config.checkpoint_budget)
+  calls_of = steps_per_call(config, setup.spec, saves.in_background)
+  periods = (config.log_every_steps, config.eval_every_steps)
+  if saves.in_background:  # a due checkpoint ends a call if it is wanted
+    plan = loader.chunk_plan(
+        initial_step, config.num_train_steps, calls_of, periods,
+        profile.stops, config.checkpoint_every_steps, saves.wants)
+  else:
+    plan = loader.chunk_plan(
+        initial_step, config.num_train_steps, calls_of,
+        periods + (config.checkpoint_every_steps,), profile.stops)
+  try:
+    batches = loader.TrainLoader(
+        splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
+        seed=config.seed, mesh=setup.mesh,
+        chunk_sizes=(n for _, n in plan), steps_per_call=calls_of,
+        resident=_fits_on_device(splits.train,
+                                 config.dataset.resident_table_mb),
+        position=position, prefetch=config.dataset.prefetch_batches)
+  except BaseException:
+    saves.close()
+    raise
+  table_z = ({} if not batches.resident else
+             steps.jit_standardize(setup.mesh)(state.norm,
+                                               batches.device_table()))
+  speed = _StepsPerSecond(initial_step)
 
   logging.info('Training steps %d..%d on a %s mesh, up to %d per call, '
                'batches %s.', initial_step + 1, config.num_train_steps,
@@ -295,10 +303,9 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
   try:
     if preemption.received:
       raise Preempted(initial_step)
-    for call, (done, n) in enumerate(plan()):
-      step = done + n
-      num_steps, chunk = next(batches)
-      assert num_steps == n, (num_steps, n)
+    step = initial_step
+    for call, (n, chunk) in enumerate(batches):
+      done, step = step, step + n
       profile.before(done)
       with jax.profiler.StepTraceAnnotation('train', step_num=step):
         state, losses_K, train_metrics = train_steps(state, table_z, chunk)
@@ -370,6 +377,25 @@ class _Saves:
                    if jax.process_count() == 1 else None)
     self._copy = jax.jit(lambda s: jax.tree.map(jnp.copy, s),
                          out_shardings=shardings)
+    self._handing = 0  # periodic copies not yet handed to the saver
+
+  @property
+  def in_background(self) -> bool:
+    """Periodic checkpoints are optional (written by a thread, within a
+    budget); with several processes every one is written, in step."""
+    return self._saver is not None
+
+  def wants(self, step: int) -> bool:
+    """Whether a periodic checkpoint due at `step` would be written now.
+
+    Asked when the call that holds `step` is planned: a step the saver will
+    not take (still writing, over its budget, or one already on its way to
+    it) need not end a call; it is counted as skipped here.
+    """
+    if self._handing == 0 and self._saver.ready():
+      return True
+    self._saver.skipped.append(step)
+    return False
 
   def periodic(self, step: int, state: state_lib.TrainState) -> None:
     """A checkpoint of `state` (the last call's result) at `step`."""
@@ -380,8 +406,12 @@ class _Saves:
       self._saver.skipped.append(step)
       return
     copy, meta = self._copy(state), self._meta()
-    self._watch.then(lambda: self._saver.submit(step, copy, meta,
-                                                self._writer.pending()))
+    self._handing += 1
+
+    def hand_over():
+      self._handing -= 1
+      self._saver.submit(step, copy, meta, self._writer.pending())
+    self._watch.then(hand_over)
 
   def now(self, step: int, state: state_lib.TrainState) -> None:
     """Starts saving `state` (unless `step` is saved already).
@@ -426,14 +456,17 @@ MAX_AUTO_STEPS_PER_CALL = 128
 
 
 def steps_per_call(config: ml_collections.ConfigDict,
-                   spec: state_lib.ModelSpec) -> int:
+                   spec: state_lib.ModelSpec,
+                   background_checkpoints: bool) -> int:
   """config.steps_per_call, or for 0 a call length sized to the model.
 
   Calls of about CALL_FLOPS of work, at most MAX_AUTO_STEPS_PER_CALL steps;
-  among those lengths (powers of two and divisors of the periods), the one
-  that needs the fewest calls, given that log, eval and checkpoint steps
-  end calls too. The same on every host (it depends on the config and the
-  platform only), as it must be: every host runs the same calls.
+  among those lengths (the largest power of two, divisors of a period), the
+  one that needs the fewest calls, given that log and eval steps end calls too,
+  and checkpoint steps unless checkpoints are written in the background
+  (one process: only the few the saver takes end a call). The same on every
+  host (it depends on the config, the platform and the process count only),
+  as it must be: every host runs the same calls.
   """
   if config.steps_per_call:
     return config.steps_per_call
@@ -442,15 +475,15 @@ def steps_per_call(config: ml_collections.ConfigDict,
   flops_per_step = 6.0 * params * config.batch_size
   target = CALL_FLOPS.get(jax.devices()[0].platform, CALL_FLOPS_ACCELERATOR)
   most = min(MAX_AUTO_STEPS_PER_CALL, max(1, int(target // flops_per_step)))
-  periods = (config.log_every_steps, config.eval_every_steps,
-             config.checkpoint_every_steps)
-  period = math.gcd(*periods)
+  periods = (config.log_every_steps, config.eval_every_steps)
+  if not background_checkpoints:
+    periods += (config.checkpoint_every_steps,)
   candidates = {1 << (most.bit_length() - 1)} | {
-      d for d in range(1, most + 1) if period % d == 0}
+      d for d in range(1, most + 1) if any(p % d == 0 for p in periods)}
 
   def calls(k):  # over a stretch long enough to see the pattern
     return sum(1 for _ in loader.chunk_plan(0, 10_000, k, periods))
-  return min(sorted(candidates, reverse=True), key=calls)
+  return min(sorted(candidates), key=calls)  # ties: the least padding
 
 
 def _train_scalars(train_metrics: metrics.TrainMetrics,

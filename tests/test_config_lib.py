@@ -38,12 +38,16 @@ def test_a_saved_config_without_newer_keys_gets_their_defaults(tmp_path):
   assert tuple(loaded.model.hidden_sizes) == (7,)  # what was saved stays
 
 
-@pytest.mark.parametrize('periods, expected', [
-    ((100, 1000, 1000), 100),  # calls of 100: none cut short by a log
-    ((100, 1000, 50), 50),
-    ((97, 1000, 1000), 128),   # no useful divisor: the most, a power of 2
+@pytest.mark.parametrize('periods, background, expected', [
+    ((100, 1000, 1000), False, 100),  # calls of 100: none cut short by a log
+    ((100, 1000, 50), False, 50),
+    # Checkpoints written in the background end only the calls they take.
+    ((100, 1000, 50), True, 100),
+    ((97, 1000, 1000), False, 97),   # a period: one call per log
+    ((999, 999, 999), False, 128),   # no useful divisor: the most, a power of 2
 ])
-def test_steps_per_call_prefers_a_divisor_of_the_periods(periods, expected):
+def test_steps_per_call_prefers_a_divisor_of_the_periods(periods, background,
+                                                         expected):
   from meshfit import state as state_lib, train_lib  # noqa: PLC0415
   from models.mlp import MlpConfig  # noqa: PLC0415
   config = default.get_config()
@@ -51,6 +55,6 @@ def test_steps_per_call_prefers_a_divisor_of_the_periods(periods, expected):
   (config.log_every_steps, config.eval_every_steps,
    config.checkpoint_every_steps) = periods
   spec = state_lib.ModelSpec(MlpConfig(**config.model), 10, 1)
-  assert train_lib.steps_per_call(config, spec) == expected
+  assert train_lib.steps_per_call(config, spec, background) == expected
   config.steps_per_call = 3
-  assert train_lib.steps_per_call(config, spec) == 3
+  assert train_lib.steps_per_call(config, spec, background) == 3

@@ -155,6 +155,20 @@ def test_chunk_plan_ends_calls_at_every_event_and_resumes_alike():
                                       p for p in plan if p[0] >= end]
 
 
+def test_chunk_plan_ends_calls_at_the_optional_steps_taken():
+  asked = []
+
+  def take(step):
+    asked.append(step)
+    return step in (20, 70)
+  plan = list(loader.chunk_plan(0, 100, 32, periods=(50,),
+                                optional_period=10, take=take))
+  assert [done + n for done, n in plan] == [20, 32, 50, 64, 70, 96, 100]
+  # Each due step inside a call is asked about once; those that end a call
+  # anyway (50, and 100, the last) are not asked.
+  assert asked == [10, 20, 30, 40, 60, 70, 80, 90]
+
+
 def test_indivisible_batch_size_is_a_usage_error(table):
   with pytest.raises(UsageError, match="batch_size 12 is not divisible by "
                      "the 8 devices of mesh axis 'data'"):

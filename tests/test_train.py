@@ -250,6 +250,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
   small_config.optimizer.schedule = 'constant'
   small_config.optimizer.learning_rate = 1e4
   small_config.checkpoint_every_steps = 1
+  small_config.steps_per_call = 1  # every step's state is offered a save
   with pytest.raises(train_lib.NonFiniteLossError) as info:
     train_lib.train_and_evaluate(small_config, str(tmp_path))
   error = info.value
