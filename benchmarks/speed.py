@@ -295,8 +295,8 @@ def meshfit_hooks(splits: input_pipeline.Splits, step_times: list[float],
   def timed_jit_train_steps(*args, **kwargs):
     steps_fn = jit_train_steps(*args, **kwargs)
 
-    def timed(state, table, chunk):
-      out = steps_fn(state, table, chunk)
+    def timed(*args):
+      out = steps_fn(*args)
       if step in wait_at:
         jax.block_until_ready(out)
       step_times.append(time.perf_counter())
@@ -567,16 +567,17 @@ class Pipeline(Variant):
     self.max_steps_factor = 100  # a batch costs far less than a step
     self._parts = _MeshfitParts(size, data)
     self._k = _steps_per_call(self._parts.config, size)
-    batch_sharding = NamedSharding(self._parts.setup.mesh,
-                                   P(None, sharding.DATA))
+    chunk_sharding = sharding.chunk_sharding(self._parts.setup.mesh)
 
     def batches(norm, table_z, chunk):
       if 'idx' in chunk:
         out = {name: a[chunk['idx']] for name, a in table_z.items()}
       else:
         out = steps.standardize(norm, {'x': chunk['x'], 'y': chunk['y']})
-      return jax.lax.with_sharding_constraint(out, batch_sharding)
-    self._batches = jax.jit(batches)
+      return jax.lax.with_sharding_constraint(out, chunk_sharding)
+    # Placed as train_steps places a chunk (see steps.jit_train_steps).
+    self._batches = jax.jit(batches, in_shardings=(None, None,
+                                                   chunk_sharding))
 
   def run(self, num_steps: int) -> float:
     parts = self._parts
@@ -621,8 +622,9 @@ class MeshfitCalls(Variant):
       in_flight = _InFlight(always=True)
       start = time.perf_counter()
       for _ in range(calls):
-        _, chunk = next(chunks)
-        self._state, losses, _ = self._step(self._state, table_z, chunk)
+        n, chunk = next(chunks)
+        self._state, losses, _ = self._step(self._state, table_z, chunk,
+                                            np.int32(n))
         in_flight.add(losses)
       in_flight.drain()
       jax.block_until_ready(self._state)

@@ -154,6 +154,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(DATA))
 
 
+def chunk_sharding(mesh: Mesh) -> NamedSharding:
+  """A call's K batches (K x B x ...): each batch laid out as batch_sharding."""
+  return NamedSharding(mesh, P(None, DATA))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   """A global array held whole by every device (steps, RNG, statistics)."""
   return NamedSharding(mesh, P())

@@ -308,7 +308,8 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
       done, step = step, step + n
       profile.before(done)
       with jax.profiler.StepTraceAnnotation('train', step_num=step):
-        state, losses_K, train_metrics = train_steps(state, table_z, chunk)
+        state, losses_K, train_metrics = train_steps(state, table_z, chunk,
+                                                     np.int32(n))
       watch.add(done + 1, n, losses_K)
       last = step == config.num_train_steps
       if step % config.log_every_steps == 0 or last:

@@ -1,6 +1,7 @@
 """Train and eval steps: sharded steps equal the one-device step."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -34,7 +35,7 @@ def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
              if resident else {})
   losses = []
   for n, chunk in batches:
-    state, losses_K, _ = step_fn(state, table_z, chunk)
+    state, losses_K, _ = step_fn(state, table_z, chunk, np.int32(n))
     losses.extend(np.asarray(losses_K)[:n])
   batches.close()
   return np.array(losses), state
@@ -131,3 +132,11 @@ def test_eval_step_matches_numpy(one_device_run):
   np.testing.assert_allclose(
       result['r2'], 1 - np.sum(err**2) / np.sum((y - y.mean())**2),
       rtol=1e-5)
+
+
+@pytest.mark.parametrize('partitioned', [False, True])
+def test_global_norm_is_the_norm_of_all_leaves(partitioned):
+  tree = {'w': jnp.arange(12.0).reshape(3, 4), 'b': [jnp.ones(5), -2.0]}
+  flat = np.concatenate([np.arange(12.0), np.ones(5), [-2.0]])
+  got = jax.jit(lambda t: steps.global_norm(t, partitioned))(tree)
+  np.testing.assert_allclose(got, np.linalg.norm(flat), rtol=1e-6)
