@@ -81,8 +81,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_train_steps = 4000
   # Optimizer steps per jitted call (a loop on the device): fewer host round
   # trips. 0 sizes calls to the model (~20 GFLOP on CPU, up to 128 steps).
-  # Log, eval, checkpoint and profile steps always end a call; SIGTERM is
-  # answered when the call in flight ends. Results do not depend on it.
+  # Log, eval, profile and written checkpoints' steps end a call; SIGTERM
+  # is answered when the call in flight ends. Results do not depend on it.
   config.steps_per_call = 0
   # Periods in steps: train metrics, evaluation, checkpoints.
   config.log_every_steps = 100

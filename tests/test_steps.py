@@ -70,11 +70,16 @@ def test_forty_steps_match_one_device(one_device_run, shape):
   assert expected[-1] < 0.5 * expected[0]  # and it is actually learning
 
 
-def test_grouping_steps_into_calls_changes_no_bit(one_device_run):
+@pytest.mark.parametrize('chunk_sizes, steps_per_call', [
+    ([3, 5, 1, 8, 8, 7, 8], 8),
+    ([1] * 40, 1),  # calls of one step run without the loop
+])
+def test_grouping_steps_into_calls_changes_no_bit(one_device_run, chunk_sizes,
+                                                  steps_per_call):
   config, splits, (expected, state) = one_device_run
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
-  losses, other = _losses(config, splits, mesh, 40,
-                          chunk_sizes=[3, 5, 1, 8, 8, 7, 8])
+  losses, other = _losses(config, splits, mesh, 40, chunk_sizes=chunk_sizes,
+                          steps_per_call=steps_per_call)
   np.testing.assert_array_equal(losses, expected)
   for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(other)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
