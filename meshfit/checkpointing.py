@@ -149,7 +149,9 @@ class BackgroundSaver:
   """Writes checkpoints from a thread, so training never waits for one.
 
   `submit` hands over a state that nothing else will touch (a copy) and
-  returns at once. One checkpoint is written at a time; if another is
+  returns at once (once the thread has taken the previous one, if it was
+  idle: a checkpoint is never dropped only because the thread had not been
+  scheduled yet). One checkpoint is written at a time; if another is
   submitted while one is being written and a third arrives before the
   writer is free, the older waiting one is dropped (counted in `skipped`):
   checkpoints that come faster than the disk takes them are thinned, never
@@ -190,6 +192,10 @@ class BackgroundSaver:
     """
     with self._cond:
       self._raise_error()
+      # An idle writer that has not yet taken the last one is only waiting
+      # for its thread to run: let it, rather than drop that checkpoint.
+      while self._waiting is not None and not self._busy:
+        self._cond.wait()
       if self._waiting is not None:
         self.skipped.append(self._waiting[0])
       self._waiting = (step, state, meta, list(wait_for))
@@ -211,6 +217,7 @@ class BackgroundSaver:
         step, state, meta, wait_for = self._waiting
         self._waiting = None
         self._busy = True
+        self._cond.notify_all()
       try:
         for future in wait_for:
           future.result()

@@ -270,15 +270,14 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
       'feature_names': splits.train.feature_names,
       'target_names': splits.train.target_names}, config.checkpoint_budget)
   calls_of = steps_per_call(config, setup.spec, saves.in_background)
-  periods = (config.log_every_steps, config.eval_every_steps)
-  if saves.in_background:  # a due checkpoint ends a call if it is wanted
-    plan = loader.chunk_plan(
-        initial_step, config.num_train_steps, calls_of, periods,
-        profile.stops, config.checkpoint_every_steps, saves.wants)
-  else:
-    plan = loader.chunk_plan(
-        initial_step, config.num_train_steps, calls_of,
-        periods + (config.checkpoint_every_steps,), profile.stops)
+  # A due checkpoint ends a call if the background saver wants it, always
+  # with several processes.
+  optional = config.checkpoint_every_steps if saves.in_background else 0
+  plan = loader.chunk_plan(
+      initial_step, config.num_train_steps, calls_of,
+      (config.log_every_steps, config.eval_every_steps,
+       0 if optional else config.checkpoint_every_steps),
+      profile.stops, optional, saves.wants)
   try:
     batches = loader.TrainLoader(
         splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,

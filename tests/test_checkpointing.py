@@ -46,6 +46,20 @@ def test_saves_coming_faster_than_writes_keep_the_newest():
     saver.close()
 
 
+def test_saves_submitted_back_to_back_to_an_idle_writer_are_both_written():
+  ckpt = _SlowCheckpointer()
+  saver = checkpointing.BackgroundSaver(ckpt)
+  try:
+    saver.submit(1, 's', {})
+    saver.submit(2, 's', {})  # before the thread may have run at all
+    ckpt.release.release()
+    ckpt.release.release()
+    saver.wait()
+    assert ckpt.saved == [1, 2] and not saver.skipped
+  finally:
+    saver.close()
+
+
 def test_submit_returns_while_a_write_is_in_progress():
   ckpt = _SlowCheckpointer()
   saver = checkpointing.BackgroundSaver(ckpt)
