@@ -261,7 +261,10 @@ def _train(config, workdir, setup, splits, ckpt, preemption, state,
                                       setup.shardings, setup.mesh,
                                       config.log_every_steps)
   eval_step = steps.jit_eval_step(setup.graphdef, setup.shardings, setup.mesh)
-  schedule = optim.learning_rate_schedule(config, config.num_train_steps)
+  # Jitted: evaluated op by op, a schedule took ~0.3 ms of the writer
+  # thread's (and so the loop's) time per log; one call takes ~15 us.
+  schedule = jax.jit(optim.learning_rate_schedule(config,
+                                                  config.num_train_steps))
   profile = _ProfileWindow(config, workdir)
   watch = _LossWatch()
   saves = _Saves(ckpt, watch, writer, setup.shardings, lambda: {
