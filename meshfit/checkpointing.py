@@ -194,7 +194,8 @@ class BackgroundSaver:
       self._raise_error()
       # An idle writer that has not yet taken the last one is only waiting
       # for its thread to run: let it, rather than drop that checkpoint.
-      while self._waiting is not None and not self._busy:
+      while (self._waiting is not None and not self._busy and
+             not self._closed):
         self._cond.wait()
       if self._waiting is not None:
         self.skipped.append(self._waiting[0])
