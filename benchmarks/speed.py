@@ -131,8 +131,7 @@ class Size:
 
   @property
   def num_params(self) -> int:
-    sizes = self.layer_sizes
-    return sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
+    return mlp.num_params(self.layer_sizes)
 
   @property
   def flops_per_step(self) -> float:

@@ -83,6 +83,15 @@ def _init(spec: ModelSpec, tx: optax.GradientTransformation, seed: int,
 
 
 @functools.lru_cache(maxsize=16)
+def _state_shapes(spec: ModelSpec,
+                  tx: optax.GradientTransformation) -> TrainState:
+  """ShapeDtypeStructs of every leaf (traced once per spec and optimizer)."""
+  return jax.eval_shape(
+      lambda: _init(spec, tx, 0, Normalizer.identity(spec.num_features,
+                                                     spec.num_targets)))
+
+
+@functools.lru_cache(maxsize=16)
 def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
                     mesh: Mesh) -> TrainState:
   """NamedShardings for every leaf of the train state on `mesh`.
@@ -93,9 +102,7 @@ def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
   logical = nnx.to_pure_dict(nnx.get_partition_spec(
       nnx.state(_abstract_model(spec), nnx.Param)))
   param_shardings = sharding.param_sharding(logical, mesh)
-  abstract_state = jax.eval_shape(
-      lambda: _init(spec, tx, 0, Normalizer.identity(spec.num_features,
-                                                     spec.num_targets)))
+  abstract_state = _state_shapes(spec, tx)
   replicated = sharding.replicated(mesh)
   opt_shardings = optax.tree_map_params(
       tx, lambda _, s: s, abstract_state.opt_state, param_shardings,
@@ -113,12 +120,9 @@ def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
 def abstract_state(spec: ModelSpec, tx: optax.GradientTransformation,
                    mesh: Mesh) -> TrainState:
   """ShapeDtypeStructs carrying the current mesh's shardings (restore target)."""
-  shapes = jax.eval_shape(
-      lambda: _init(spec, tx, 0, Normalizer.identity(spec.num_features,
-                                                     spec.num_targets)))
   return jax.tree.map(
       lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-      shapes, state_shardings(spec, tx, mesh))
+      _state_shapes(spec, tx), state_shardings(spec, tx, mesh))
 
 
 def create_train_state(spec: ModelSpec, tx: optax.GradientTransformation,

@@ -30,7 +30,7 @@ from meshfit import (checkpointing, compilation_cache, config_lib, metrics,
 from meshfit.errors import UsageError
 from meshfit.preemption import Preempted, PreemptionWatch
 from meshfit.normalization import Normalizer
-from models.mlp import MlpConfig
+from models import mlp
 
 # Dispatched but unfinished calls (train calls of several steps, eval or
 # predict batches). XLA:CPU deadlocks in its collectives when many
@@ -54,7 +54,7 @@ def make_setup(config: ml_collections.ConfigDict, num_features: int,
   """Mesh, model structure, optimizer and state shardings for `config`."""
   if mesh is None:
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
-  spec = state_lib.ModelSpec(MlpConfig(**config.model), num_features,
+  spec = state_lib.ModelSpec(mlp.MlpConfig(**config.model), num_features,
                              num_targets)
   tx = optim.make_optimizer(config, config.num_train_steps)
   return Setup(mesh, spec, state_lib.graphdef(spec), tx,
@@ -449,8 +449,8 @@ class _Saves:
             (', ...' if len(skipped) > 10 else ''))
 
 
-# What `steps_per_call = 0` aims one call at: enough work to hide the ~0.5 ms
-# a call costs the host, little enough that SIGTERM is answered soon (the
+# What `steps_per_call = 0` aims one call at: enough work to hide the
+# ~0.1-0.3 ms a call costs the host, little enough that SIGTERM is answered soon (the
 # call in flight finishes first): ~0.1-0.2 s at the ~1e11 flop/s of a CPU,
 # less on accelerators (1e14 and more).
 CALL_FLOPS = {'cpu': 2e10}
@@ -473,9 +473,9 @@ def steps_per_call(config: ml_collections.ConfigDict,
   """
   if config.steps_per_call:
     return config.steps_per_call
-  sizes = (spec.num_features, *spec.mlp.hidden_sizes, spec.num_targets)
-  params = sum(a * b + b for a, b in zip(sizes[:-1], sizes[1:]))
-  flops_per_step = 6.0 * params * config.batch_size
+  flops_per_step = 6.0 * mlp.num_params(
+      (spec.num_features, *spec.mlp.hidden_sizes, spec.num_targets)
+  ) * config.batch_size
   target = CALL_FLOPS.get(jax.devices()[0].platform, CALL_FLOPS_ACCELERATOR)
   most = min(MAX_AUTO_STEPS_PER_CALL, max(1, int(target // flops_per_step)))
   periods = (config.log_every_steps, config.eval_every_steps)

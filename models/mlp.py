@@ -81,6 +81,11 @@ def output_axes(num_hidden: int) -> tuple[str, str]:
   return (hidden_axes(num_hidden - 1)[1], OUT)
 
 
+def num_params(layer_sizes: tuple[int, ...]) -> int:
+  """Weights and biases of dense layers features -> hidden... -> targets."""
+  return sum(a * b + b for a, b in zip(layer_sizes[:-1], layer_sizes[1:]))
+
+
 def transposed_copy(a_NxM: jax.Array) -> jax.Array:
   """`a.T` as a row-major copy, the form XLA:CPU multiplies in bfloat16.
 
