@@ -80,7 +80,7 @@ from meshfit.normalization import Normalizer  # noqa: E402
 from models import mlp  # noqa: E402
 
 SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
-            'first_step')
+            'norm', 'first_step')
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('sizes', ['tiny', 'small', 'medium', 'large'],
@@ -726,6 +726,56 @@ def first_step_section(size: str, repeats: int, workroot: str) -> dict:
 
 
 # ---------------------------------------------------------------------------
+# The logged gradient norm, both ways steps.global_norm can compute it.
+
+
+def norm_section(size_names: Sequence[str], repeats: int,
+                 seconds: float) -> dict[str, dict[str, list[float]]]:
+  """Seconds per jitted norm of each size's parameters: one reduction over
+  their concatenation against one per leaf, interleaved; best of rounds."""
+  ways = {'one reduction': jax.jit(steps.concatenated_norm),
+          'per leaf': jax.jit(optax.tree.norm)}
+  out = {}
+  for name in size_names:
+    size = SIZES[name]
+    leaves = [jnp.ones(shape, jnp.float32)
+              for a, b in zip(size.layer_sizes[:-1], size.layer_sizes[1:])
+              for shape in ((a, b), (b,))]
+    times = {way: [] for way in ways}
+    calls = {}
+    for way, fn in ways.items():  # compile, then calls of ~`seconds` / 4
+      fn(leaves).block_until_ready()
+      start = time.perf_counter()
+      fn(leaves).block_until_ready()
+      calls[way] = max(1, int(seconds / 4 / (time.perf_counter() - start)))
+    for _ in range(repeats):
+      for way, fn in ways.items():
+        start = time.perf_counter()
+        for _ in range(calls[way]):
+          result = fn(leaves)
+        result.block_until_ready()
+        times[way].append((time.perf_counter() - start) / calls[way])
+    out[name] = times
+  return out
+
+
+def norm_report(results: dict[str, dict[str, list[float]]]) -> str:
+  rows = []
+  for name, times in results.items():
+    elements = SIZES[name].num_params
+    best = {way: 1e6 * min(t) for way, t in times.items()}
+    used = ('one reduction' if elements <= steps.ONE_REDUCTION_MAX_ELEMENTS
+            else 'per leaf')
+    rows.append([name, f'{elements:,}', f'{best["one reduction"]:,.1f}',
+                 f'{best["per leaf"]:,.1f}', used])
+  return (f'\n### Gradient norm (best of {len(times["per leaf"])}; '
+          'meshfit takes one reduction up to '
+          f'{steps.ONE_REDUCTION_MAX_ELEMENTS:,} parameters)\n\n'
+          + _table(['size', 'parameters', 'one reduction (us)',
+                    'per leaf (us)', 'meshfit uses'], rows))
+
+
+# ---------------------------------------------------------------------------
 # Rounds and tables.
 
 
@@ -908,6 +958,8 @@ def report(results: dict[str, Any]) -> str:
       out.append(_table(['variant', 'steps/s', 'us/step', '+us', 'x jit',
                          'x meshfit'], rows))
 
+  if 'norm' in results:
+    out.append(norm_report(results['norm']))
   if 'first_step' in results:
     fs = results['first_step']
     out.append(f'\n### Time to first step ({fs["size"]}, fresh process; '
@@ -996,6 +1048,10 @@ def main(argv: Sequence[str]) -> None:
         if getattr(v, 'checkpoints', None):
           results['sizes'][size_name]['checkpoints'] = v.checkpoints
       print(f'{size_name}: done', flush=True)
+    if 'norm' in FLAGS.sections:
+      print('gradient norm...', flush=True)
+      results['norm'] = norm_section(FLAGS.sizes, FLAGS.repeats,
+                                     FLAGS.seconds)
     if 'first_step' in FLAGS.sections:
       print('time to first step...', flush=True)
       results['first_step'] = {

@@ -45,9 +45,12 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
 
 
 # Up to this many elements, `global_norm` of unpartitioned leaves is one
-# reduction over their concatenation; beyond, copying them costs more than
-# a kernel per leaf (~2% of a large MLP's step here).
-ONE_REDUCTION_MAX_ELEMENTS = 1 << 20
+# reduction over their concatenation. XLA:CPU runs that fusion slowly per
+# element, so beyond it a kernel per leaf wins: on this 2-core machine
+# (`benchmarks/speed.py --sections=norm`) 8 vs 11 us at 4,929 elements,
+# 23 vs 46 us at 39,361, 75 vs 64 us at 68,865, and 1,070 vs 67 us at
+# 268,801 (a tenth of the medium benchmark MLP's step).
+ONE_REDUCTION_MAX_ELEMENTS = 1 << 16
 
 
 def global_norm(tree: Any, partitioned: bool) -> jax.Array:
@@ -62,9 +65,14 @@ def global_norm(tree: Any, partitioned: bool) -> jax.Array:
   leaves = [a.astype(jnp.float32) for a in jax.tree.leaves(tree)]
   if (not partitioned and
       sum(a.size for a in leaves) <= ONE_REDUCTION_MAX_ELEMENTS):
-    return jnp.sqrt(jnp.sum(jnp.square(jnp.concatenate(
-        [a.ravel() for a in leaves]))))
+    return concatenated_norm(leaves)
   return optax.tree.norm(leaves)
+
+
+def concatenated_norm(leaves: list[jax.Array]) -> jax.Array:
+  """The L2 norm of `leaves` as one reduction over their concatenation."""
+  return jnp.sqrt(jnp.sum(jnp.square(jnp.concatenate(
+      [a.ravel() for a in leaves]))))
 
 
 def fit_step(state: TrainState, batch_z: Batch, *, graphdef: nnx.GraphDef,
