@@ -18,6 +18,10 @@ Sections:
                 rest of the step puts on the bfloat16 speed-up (Amdahl)
   flags         the 2048 layer's matmuls under XLA_FLAGS variants, each in
                 fresh processes (flags are read once per process)
+  isa           the cores' own multiply-add peak, float32 FMA against
+                bfloat16 dot-product instructions (benchmarks/fma_peak.c,
+                built with the system's C compiler; x86-64 with AVX512_BF16):
+                what no bfloat16 matmul can beat
 
 Every case runs once per round and the rounds interleave the cases (the start
 rotates), so slow drifts in the load of other processes reach all of them;
@@ -33,8 +37,10 @@ import functools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,7 +57,7 @@ from jax import lax  # noqa: E402
 
 from models import mlp  # noqa: E402
 
-SECTIONS = ('formulations', 'torch', 'step', 'flags')
+SECTIONS = ('formulations', 'torch', 'step', 'flags', 'isa')
 BATCH = 2048
 # The large model: its layer widths, and its layers as in x out.
 WIDTHS = (784, 2048, 2048, 2048, 10)
@@ -570,6 +576,57 @@ def torch_report(cases: Sequence[Case], xla: Sequence[Case] | None) -> str:
                  'XLA best formulation GFLOP/s', 'XLA / torch'], rows)
 
 
+def isa_section(rounds: int) -> dict[str, Any]:
+  """fma_peak.c in one process per core at once: the cores' peaks.
+
+  Returns:
+    {'per_process': [{'f32_gflops', 'bf16_gflops'}...], 'f32_gflops',
+    'bf16_gflops'} (sums over processes), or {'skipped': why}.
+  """
+  compiler = next((c for c in ('cc', 'gcc', 'clang') if shutil.which(c)),
+                  None)
+  if compiler is None:
+    return {'skipped': 'no C compiler (cc, gcc or clang) on PATH'}
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      cpu_flags = set(next(line for line in f
+                           if line.startswith('flags')).split())
+  except (OSError, StopIteration):
+    cpu_flags = set()
+  if not {'avx512f', 'avx512_bf16'} <= cpu_flags:
+    return {'skipped': 'the CPU lacks AVX-512 with AVX512_BF16 (or is not '
+                       'x86-64 Linux)'}
+  source = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                        'fma_peak.c')
+  with tempfile.TemporaryDirectory() as tmp:
+    exe = os.path.join(tmp, 'fma_peak')
+    subprocess.run([compiler, '-O2', source, '-o', exe], check=True,
+                   capture_output=True)
+    cores = len(os.sched_getaffinity(0))
+    processes = [subprocess.Popen([exe, '50000000', str(rounds)],
+                                  stdout=subprocess.PIPE, text=True)
+                 for _ in range(cores)]
+    per_process = [json.loads(p.communicate()[0]) for p in processes]
+  return {'per_process': per_process,
+          'f32_gflops': sum(p['f32_gflops'] for p in per_process),
+          'bf16_gflops': sum(p['bf16_gflops'] for p in per_process)}
+
+
+def isa_report(result: dict[str, Any]) -> str:
+  if 'skipped' in result:
+    return f'skipped: {result["skipped"]}'
+  cores = f'{len(result["per_process"])} at once'
+  rows = [[cores, 'sum', f'{result["f32_gflops"]:.0f}',
+           f'{result["bf16_gflops"]:.0f}',
+           f'{result["bf16_gflops"] / result["f32_gflops"]:.2f}x']]
+  for i, p in enumerate(result['per_process']):
+    rows.append([cores, f'process {i}', f'{p["f32_gflops"]:.0f}',
+                 f'{p["bf16_gflops"]:.0f}',
+                 f'{p["bf16_gflops"] / p["f32_gflops"]:.2f}x'])
+  return _table(['cores', 'rate of', 'f32 FMA GFLOP/s', 'bf16 dot GFLOP/s',
+                 'bf16 / f32'], rows)
+
+
 def main(argv: Sequence[str]) -> None:
   del argv
   if FLAGS.child:
@@ -608,6 +665,11 @@ def main(argv: Sequence[str]) -> None:
     print(f'\n### XLA_FLAGS ({FLAGS.flag_rounds} processes each, '
           'interleaved)\n')
     print(flags_report(results['flags']))
+  if 'isa' in FLAGS.sections:
+    results['isa'] = isa_section(FLAGS.rounds)
+    print('\n### Multiply-add instructions alone (benchmarks/fma_peak.c, best '
+          f'of {FLAGS.rounds} rounds)\n')
+    print(isa_report(results['isa']), flush=True)
   print(f'\nload average after: {os.getloadavg()[0]:.1f}')
   if FLAGS.json:
     with open(FLAGS.json, 'w', encoding='utf-8') as f:

@@ -24,3 +24,19 @@ def test_speed_norm_section_reports_both_ways_and_the_one_meshfit_takes():
   for cells in rows.values():
     assert float(cells[1].replace(',', '')) > 0
     assert float(cells[2].replace(',', '')) > 0
+
+
+def test_matmul_isa_section_measures_both_instructions_or_says_why_not():
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'benchmarks', 'matmul.py'),
+       '--sections=isa', '--rounds=1'],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  if 'skipped: ' in result.stdout:  # no C compiler, or no AVX512_BF16
+    return
+  rows = [[c.strip() for c in line.split('|')[1:-1]]
+          for line in result.stdout.splitlines() if ' at once |' in line]
+  assert [r[1] for r in rows][:2] == ['sum', 'process 0']
+  for row in rows:
+    assert float(row[2]) > 0 and float(row[3]) > 0
+    assert row[4].endswith('x')
