@@ -12,9 +12,10 @@ rate) and number of steps run through:
   torch          PyTorch eager on CPU (optional: requirements-bench.txt)
 
 plus bfloat16-compute variants, meshfit with checkpoints every 50 steps, the
-input pipeline alone and, for the sizes where host overhead matters, a ladder
-from meshfit's bare jitted calls (1 step each, then as many as meshfit runs
-per call) to its whole loop.
+input pipeline alone and, but for large (whose calls are single steps), a
+ladder from meshfit's bare jitted calls (1 step each, then as many as meshfit
+runs per call) to its whole loop. The norm section times the logged gradient
+norm of each size both ways `steps.global_norm` can compute it.
 Time to the first step (cold, warm and without the persistent compilation
 cache) is measured in fresh processes.
 
@@ -769,7 +770,8 @@ def norm_report(results: dict[str, dict[str, list[float]]]) -> str:
             else 'per leaf')
     rows.append([name, f'{elements:,}', f'{best["one reduction"]:,.1f}',
                  f'{best["per leaf"]:,.1f}', used])
-  return (f'\n### Gradient norm (best of {len(times["per leaf"])}; '
+  rounds = len(next(iter(results.values()))['per leaf'])
+  return (f'\n### Gradient norm (best of {rounds}; '
           'meshfit takes one reduction up to '
           f'{steps.ONE_REDUCTION_MAX_ELEMENTS:,} parameters)\n\n'
           + _table(['size', 'parameters', 'one reduction (us)',
