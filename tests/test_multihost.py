@@ -314,7 +314,11 @@ def test_a_killed_process_stops_the_other_within_the_bound(dead_peers):
   assert seconds[0] is not None and seconds[0] <= EXIT_BOUND_S, (
       seconds, job.tails())
   assert job.procs[0].returncode != 0
-  assert 'stopped sending heartbeats' in job.log(0), job.tails()
+  # Either the coordination service saw its heartbeats stop, or (sooner) a
+  # collective in flight failed on the dead peer's closed connection.
+  log = job.log(0)
+  assert ('stopped sending heartbeats' in log or
+          'gloo/transport/tcp' in log), job.tails()
 
 
 def test_a_failing_process_leaves_at_once_and_the_other_follows(dead_peers):
