@@ -142,6 +142,18 @@ def chunk_plan(first_step: int, last_step: int, steps_per_call: int,
     step = end
 
 
+def num_calls(num_steps: int, steps_per_call: int,
+              periods: Iterable[int] = ()) -> int:
+  """How many calls `chunk_plan(0, num_steps, steps_per_call, periods)`
+  makes, counted without walking it (a start weighs a hundred call lengths:
+  walking their plans took ~30 ms)."""
+  ends = np.zeros(num_steps, bool)  # ends[s]: a call ends after step s
+  for p in (steps_per_call, *periods):
+    if p > 0:
+      ends[p::p] = True
+  return int(ends.sum()) + 1  # and the last call, at num_steps
+
+
 class TrainLoader:
   """Deterministic chunks of training batches, one chunk per jitted call.
 

@@ -484,9 +484,10 @@ def steps_per_call(config: ml_collections.ConfigDict,
   candidates = {1 << (most.bit_length() - 1)} | {
       d for d in range(1, most + 1) if any(p % d == 0 for p in periods)}
 
-  def calls(k):  # over a stretch long enough to see the pattern
-    return sum(1 for _ in loader.chunk_plan(0, 10_000, k, periods))
-  return min(sorted(candidates), key=calls)  # ties: the least padding
+  # Counted over a stretch long enough to see the pattern; ties go to the
+  # shorter call (the least padding).
+  return min(sorted(candidates),
+             key=lambda k: loader.num_calls(10_000, k, periods))
 
 
 def _train_scalars(train_metrics: metrics.TrainMetrics,

@@ -162,6 +162,14 @@ def test_chunk_plan_ends_calls_at_every_event_and_resumes_alike():
                                       p for p in plan if p[0] >= end]
 
 
+@pytest.mark.parametrize('num_steps,steps_per_call,periods', [
+    (70, 16, (25, 30)), (100, 100, (100, 1000)), (1, 8, (3,)),
+    (10_000, 7, (50, 0, 120)), (64, 1, ()), (99, 128, (33,))])
+def test_num_calls_counts_the_plans_calls(num_steps, steps_per_call, periods):
+  assert loader.num_calls(num_steps, steps_per_call, periods) == len(
+      list(loader.chunk_plan(0, num_steps, steps_per_call, periods)))
+
+
 def test_chunk_plan_ends_calls_at_the_optional_steps_taken():
   asked = []
 
