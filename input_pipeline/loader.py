@@ -147,6 +147,8 @@ def num_calls(num_steps: int, steps_per_call: int,
   """How many calls `chunk_plan(0, num_steps, steps_per_call, periods)`
   makes, counted without walking it (a start weighs a hundred call lengths:
   walking their plans took ~30 ms)."""
+  if num_steps <= 0:
+    return 0
   ends = np.zeros(num_steps, bool)  # ends[s]: a call ends after step s
   for p in (steps_per_call, *periods):
     if p > 0:

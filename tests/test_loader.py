@@ -163,7 +163,7 @@ def test_chunk_plan_ends_calls_at_every_event_and_resumes_alike():
 
 
 @pytest.mark.parametrize('num_steps,steps_per_call,periods', [
-    (70, 16, (25, 30)), (100, 100, (100, 1000)), (1, 8, (3,)),
+    (70, 16, (25, 30)), (100, 100, (100, 1000)), (1, 8, (3,)), (0, 4, ()),
     (10_000, 7, (50, 0, 120)), (64, 1, ()), (99, 128, (33,))])
 def test_num_calls_counts_the_plans_calls(num_steps, steps_per_call, periods):
   assert loader.num_calls(num_steps, steps_per_call, periods) == len(
