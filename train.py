@@ -12,6 +12,9 @@ import sys
 # Before TensorFlow / TFDS are imported: keep everything local and quiet.
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+from meshfit import xla_flags  # noqa: E402  (imports no jax)
+
+xla_flags.apply()  # before jax starts a backend
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

@@ -64,6 +64,11 @@ from typing import Any
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from meshfit import xla_flags  # noqa: E402  (imports no jax)
+
+# meshfit's XLA flags, as train.py sets them; every variant of this process
+# runs under them (the jit and pmap loops too: compare like with like).
+xla_flags.apply()
 
 from absl import app, flags, logging  # noqa: E402
 import jax  # noqa: E402

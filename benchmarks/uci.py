@@ -38,6 +38,9 @@ import time
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from meshfit import xla_flags  # noqa: E402  (imports no jax)
+
+xla_flags.apply()  # as train.py does
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
