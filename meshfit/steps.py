@@ -49,7 +49,7 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
 # element, so beyond it a kernel per leaf wins: on this 2-core machine
 # (`benchmarks/speed.py --sections=norm`) 8-10 vs 11-24 us at 4,929
 # elements, 23 vs 46 us at 39,361, 75 vs 64 us at 68,865, and 0.25-5.3 ms vs
-# 63-68 us at 268,801 (up to a tenth of the medium benchmark MLP's step).
+# 63-95 us at 268,801 (up to a tenth of the medium benchmark MLP's step).
 ONE_REDUCTION_MAX_ELEMENTS = 1 << 16
 
 
