@@ -771,7 +771,7 @@ def norm_report(results: dict[str, dict[str, list[float]]]) -> str:
   for name, times in results.items():
     elements = SIZES[name].num_params
     best = {way: 1e6 * min(t) for way, t in times.items()}
-    used = ('one reduction' if elements <= steps.ONE_REDUCTION_MAX_ELEMENTS
+    used = ('one reduction' if steps.takes_one_reduction(elements, False)
             else 'per leaf')
     rows.append([name, f'{elements:,}', f'{best["one reduction"]:,.1f}',
                  f'{best["per leaf"]:,.1f}', used])

@@ -63,10 +63,15 @@ def global_norm(tree: Any, partitioned: bool) -> jax.Array:
   the 'model' axis): concatenating differently sharded leaves gathers them.
   """
   leaves = [a.astype(jnp.float32) for a in jax.tree.leaves(tree)]
-  if (not partitioned and
-      sum(a.size for a in leaves) <= ONE_REDUCTION_MAX_ELEMENTS):
+  if takes_one_reduction(sum(a.size for a in leaves), partitioned):
     return concatenated_norm(leaves)
   return optax.tree.norm(leaves)
+
+
+def takes_one_reduction(num_elements: int, partitioned: bool) -> bool:
+  """Whether `global_norm` computes such a tree's norm `concatenated_norm`'s
+  way (else a reduction per leaf)."""
+  return not partitioned and num_elements <= ONE_REDUCTION_MAX_ELEMENTS
 
 
 def concatenated_norm(leaves: list[jax.Array]) -> jax.Array:

@@ -450,9 +450,9 @@ class _Saves:
 
 
 # What `steps_per_call = 0` aims one call at: enough work to hide the
-# ~0.1-0.3 ms a call costs the host, little enough that SIGTERM is answered soon (the
-# call in flight finishes first): ~0.1-0.2 s at the ~1e11 flop/s of a CPU,
-# less on accelerators (1e14 and more).
+# ~0.1-0.3 ms a call costs the host, little enough that SIGTERM is answered
+# soon (the call in flight finishes first): ~0.1-0.2 s at the ~1e11 flop/s of
+# a CPU, less on accelerators (1e14 and more).
 CALL_FLOPS = {'cpu': 2e10}
 CALL_FLOPS_ACCELERATOR = 2e13
 MAX_AUTO_STEPS_PER_CALL = 128
