@@ -7,10 +7,12 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 
 .PHONY: train test clean
 
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -r requirements.txt
+	# meshfit's own packages, editable: imports see the working tree.
+	$(VENV)/bin/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 train: $(VENV)/.installed
