@@ -1,7 +1,8 @@
 """meshfit: train, evaluate and use MLP regressors on a JAX device mesh.
 
 This file is intentionally kept short: flags -> config -> one call into
-`meshfit.train_lib`. README.md has the usage; bad input exits with status 2
+meshfit (`loop.train_and_evaluate`, `evaluate.evaluate` or
+`predict.predict`). README.md has the usage; bad input exits with status 2
 and one `error: ...` line.
 """
 
@@ -159,9 +160,11 @@ def _run() -> None:
   """Trains, evaluates or predicts as the flags say (after the job is joined)."""
   import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
 
-  from meshfit import (config_lib, predict_lib, preemption,  # noqa: PLC0415
-                       train_lib)
+  from input_pipeline.errors import DataError  # noqa: PLC0415
+  from meshfit import (config_files, evaluate, loop,  # noqa: PLC0415
+                       predict, preemption)
   from meshfit.errors import UsageError  # noqa: PLC0415
+  from meshfit.loss_watch import NonFiniteLossError  # noqa: PLC0415
 
   logging.info('JAX process %d/%d, local devices: %s', jax.process_index(),
                jax.process_count(), jax.local_devices())
@@ -170,25 +173,25 @@ def _run() -> None:
       if FLAGS.step is not None:
         raise UsageError('--step is for --mode=eval and --mode=predict; '
                          'training always resumes from the newest checkpoint')
-      train_lib.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+      loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     else:
-      saved = config_lib.load_json(os.path.join(FLAGS.workdir, 'config.json'))
-      keys = (config_lib.flatten(FLAGS.config) if FLAGS['config'].present
+      saved = config_files.load_json(
+          os.path.join(FLAGS.workdir, 'config.json'))
+      keys = (config_files.flatten(FLAGS.config) if FLAGS['config'].present
               else _overridden_keys())
-      config = config_lib.merge_eval_overrides(saved, FLAGS.config, keys)
+      config = config_files.merge_eval_overrides(saved, FLAGS.config, keys)
       if not any(k.startswith('mesh.') for k in _overridden_keys()):
-        config = config_lib.fit_saved_mesh(config, jax.device_count(),
-                                           jax.local_device_count())
+        config = config_files.fit_saved_mesh(config, jax.device_count(),
+                                             jax.local_device_count())
       if FLAGS.mode == 'eval':
-        result = train_lib.evaluate(config, FLAGS.workdir, FLAGS.step)
+        result = evaluate.evaluate(config, FLAGS.workdir, FLAGS.step)
       else:
-        result = predict_lib.predict(config, FLAGS.workdir, FLAGS.input,
-                                     FLAGS.output, FLAGS.step,
-                                     FLAGS.keep_columns)
+        result = predict.predict(config, FLAGS.workdir, FLAGS.input,
+                                 FLAGS.output, FLAGS.step, FLAGS.keep_columns)
       print(json.dumps(result, indent=2))
-  except UsageError as e:
+  except (UsageError, DataError) as e:
     _fail(str(e))
-  except train_lib.NonFiniteLossError as e:
+  except NonFiniteLossError as e:
     sys.stderr.write(f'error: {e.explain(FLAGS.workdir)}\n')
     sys.exit(DIVERGED_EXIT)
   except preemption.Preempted as e:

@@ -46,7 +46,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 import jax  # noqa: E402
@@ -55,6 +54,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax import lax  # noqa: E402
 
+from bench_common import markdown_table, mlp_loss  # noqa: E402
 from models import mlp  # noqa: E402
 
 SECTIONS = ('formulations', 'torch', 'step', 'flags', 'isa')
@@ -304,14 +304,7 @@ def formulation_cases(layers: Sequence[str],
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-  rows = [list(r) + [''] * (len(header) - len(r)) for r in rows]
-  widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-  numeric = lambda c: re.match(r'-?[0-9]', str(c))  # noqa: E731
-  line = lambda cells: '| ' + ' | '.join(  # noqa: E731
-      str(c).rjust(w) if i > 1 and numeric(c) else str(c).ljust(w)
-      for i, (c, w) in enumerate(zip(cells, widths))) + ' |'
-  sep = '|' + '|'.join('-' * (w + 2) for w in widths) + '|'
-  return '\n'.join([line(header), sep] + [line(r) for r in rows])
+  return markdown_table(header, rows, text_columns=2)
 
 
 def _rate(x: float, spec: str = '.0f', suffix: str = '') -> str:
@@ -352,16 +345,6 @@ def _matmul_bf16(x_BxI: jax.Array, w_IxO: jax.Array) -> jax.Array:
   return mlp.low_precision_matmul(x_BxI, w_IxO, jnp.dtype(jnp.bfloat16))
 
 
-def _mlp_loss(params, x_BxF, y_BxT, matmul) -> jax.Array:
-  """speed.py's model: ReLU hidden layers, a linear head, mean squared error."""
-  h = x_BxF
-  for i, (w, b) in enumerate(params):
-    h = matmul(h, w) + b
-    if i < len(params) - 1:
-      h = jax.nn.relu(h)
-  return jnp.mean((h - y_BxT)**2)
-
-
 def _step_matmuls(operands: Sequence[Operands], bf16: bool) -> list:
   """The 11 matmuls of a step, as the step writes them, on ready operands.
 
@@ -391,7 +374,7 @@ def step_section(rounds: int) -> dict[str, float]:
   y_BxT = jnp.asarray(rng.standard_normal((BATCH, WIDTHS[-1]), np.float32))
 
   def step(params, opt_state, matmul):
-    grads = jax.grad(_mlp_loss)(params, x_BxF, y_BxT, matmul)
+    grads = jax.grad(mlp_loss)(params, x_BxF, y_BxT, matmul)
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
@@ -399,7 +382,7 @@ def step_section(rounds: int) -> dict[str, float]:
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  grads = jax.grad(_mlp_loss)(params, x_BxF, y_BxT, _plain_matmul)
+  grads = jax.grad(mlp_loss)(params, x_BxF, y_BxT, _plain_matmul)
   cases = []
   for dtype, matmul in (('float32', _plain_matmul),
                         ('bfloat16', _matmul_bf16)):
@@ -407,7 +390,7 @@ def step_section(rounds: int) -> dict[str, float]:
                 for a, b in zip(WIDTHS[:-1], WIDTHS[1:])]
     for name, fn, args in (
         ('step', functools.partial(step, matmul=matmul), (params, opt_state)),
-        ('grad', jax.grad(functools.partial(_mlp_loss, matmul=matmul)),
+        ('grad', jax.grad(functools.partial(mlp_loss, matmul=matmul)),
          (params, x_BxF, y_BxT)),
         ('matmuls', functools.partial(_step_matmuls,
                                       bf16=dtype == 'bfloat16'), (operands,)),

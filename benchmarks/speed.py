@@ -3,7 +3,7 @@
 For each model size, the same MLP, batch, optimizer (Adam, constant learning
 rate) and number of steps run through:
 
-  meshfit        `train_lib.train_and_evaluate` itself: its input pipeline,
+  meshfit        `loop.train_and_evaluate` itself: its input pipeline,
                  loss watch, metrics, logging and checkpoint checks
   jit            a minimal hand-written `jax.jit` step over device-resident
                  batches: the zero-framework floor
@@ -35,15 +35,13 @@ It runs on the process's devices: one CPU device by default.
 `XLA_FLAGS=--xla_force_host_platform_device_count=N` splits the CPU into N
 virtual devices (meshfit, jit and pmap then run data-parallel over them).
 
-meshfit reads its tables through `input_pipeline.load_splits`; here that is
-pointed at in-memory random tables of each size's shape (there is no
-784-feature dataset), and its jitted train calls (of up to steps_per_call
-steps each) are wrapped to timestamp them (waiting for the two that end the
-timed window: its first call, which compiles, is not timed). Nothing else of
-meshfit is changed.
+meshfit is run through its public seams: `train_and_evaluate` is handed
+in-memory random tables of each size's shape (`splits=`; there is no
+784-feature dataset) and an observer of its train calls (`on_call=`, which
+timestamps each call, waiting for the two that end the timed window: its
+first call, which compiles, is not timed). Nothing of meshfit is replaced.
 """
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -57,13 +55,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # Before TensorFlow / TFDS are imported: keep everything local and quiet.
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from meshfit import xla_flags  # noqa: E402  (imports no jax)
 
 # meshfit's XLA flags, as train.py sets them; every variant of this process
@@ -77,11 +74,12 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-import input_pipeline  # noqa: E402
+from bench_common import markdown_table, mlp_loss  # noqa: E402
 from configs import default  # noqa: E402
-from input_pipeline import loader  # noqa: E402
 from input_pipeline.tables import Table  # noqa: E402
-from meshfit import sharding, state as state_lib, steps, train_lib  # noqa: E402
+from meshfit import (call_plan, config as config_lib, data,  # noqa: E402
+                     feeding, in_flight, loop, runtime, sharding,
+                     state as state_lib, steps)
 from meshfit.normalization import Normalizer  # noqa: E402
 from models import mlp  # noqa: E402
 
@@ -170,15 +168,15 @@ class Data:
     return [(self.x_NxF[i:i + batch_size], self.y_NxT[i:i + batch_size])
             for i in range(0, self.x_NxF.shape[0], batch_size)]
 
-  def splits(self, eval_rows: int) -> input_pipeline.Splits:
+  def splits(self, eval_rows: int) -> data.Splits:
     f, t = self.x_NxF.shape[1], self.y_NxT.shape[1]
 
     def table(rows: slice) -> Table:
       return Table(self.x_NxF[rows], self.y_NxT[rows],
                    tuple(f'x{i}' for i in range(f)),
                    tuple(f'y{i}' for i in range(t)))
-    return input_pipeline.Splits(train=table(slice(None)),
-                                 eval=table(slice(0, eval_rows)))
+    return data.Splits(train=table(slice(None)),
+                       eval=table(slice(0, eval_rows)))
 
 
 def make_data(size: Size, seed: int = 0) -> Data:
@@ -213,40 +211,41 @@ class Variant:
     pass
 
 
-class _InFlight:
-  """Bounds dispatched steps where XLA:CPU collectives need it (>1 device)."""
+class _Bounded:
+  """meshfit's bound on dispatched work (`in_flight`), where XLA:CPU's
+  collectives need it (several devices), or `always`."""
 
   def __init__(self, always: bool = False):
-    self._limit = (train_lib.MAX_STEPS_IN_FLIGHT
-                   if always or jax.device_count() > 1 else None)
-    self._pending = collections.deque()
+    self._pending = (in_flight.InFlight()
+                     if always or jax.device_count() > 1 else None)
 
-  def add(self, loss: Any) -> None:
-    if self._limit is None:
-      return
-    self._pending.append(loss)
-    if len(self._pending) > self._limit:
-      jax.block_until_ready(self._pending.popleft())
+  def add(self, output: Any) -> None:
+    if self._pending is not None:
+      self._pending.add(output)
+      for done in self._pending.excess():
+        jax.block_until_ready(done)
 
   def drain(self) -> None:
-    while self._pending:
-      jax.block_until_ready(self._pending.popleft())
+    if self._pending is not None:
+      for done in self._pending.drain():
+        jax.block_until_ready(done)
 
 
 def _steps_per_call(config, size: Size) -> int:
-  return train_lib.steps_per_call(config, state_lib.ModelSpec(
-      mlp.MlpConfig(**config.model), size.num_features, size.num_targets),
-                                  background_checkpoints=True)
+  """meshfit's call length for `size` (one process: checkpoints written in
+  the background end no call)."""
+  return call_plan.choose_steps_per_call(
+      config.steps_per_call, size.flops_per_step, jax.devices()[0].platform,
+      (config.log_every_steps, config.eval_every_steps))
 
 
 def _first_call(config, size: Size) -> int:
   """The steps of meshfit's first call under `config` (one process: the
   first due checkpoint ends it, as the saver is idle then)."""
-  return next(loader.chunk_plan(0, config.num_train_steps,
-                                _steps_per_call(config, size),
-                                periods=(config.log_every_steps,
-                                         config.eval_every_steps,
-                                         config.checkpoint_every_steps)))[1]
+  return next(call_plan.plan_calls(
+      0, config.num_train_steps, _steps_per_call(config, size),
+      periods=(config.log_every_steps, config.eval_every_steps,
+               config.checkpoint_every_steps)))
 
 
 def _meshfit_config(size: Size, *, dtype: str, num_train_steps: int | None,
@@ -271,62 +270,33 @@ def _meshfit_config(size: Size, *, dtype: str, num_train_steps: int | None,
 
 
 class _StopTraining(Exception):
-  """Raised from the step wrapper to end a start-up measurement early."""
+  """Raised by the call observer to end a start-up measurement early."""
 
 
-@contextlib.contextmanager
-def meshfit_hooks(splits: input_pipeline.Splits, step_times: list[float],
-                  wait_at: Sequence[int] = (), stop_after: int | None = None
-                  ) -> Iterator[None]:
-  """Feeds meshfit `splits` and timestamps its jitted train calls.
+def call_timer(step_times: list[float], wait_at: Sequence[int] = (),
+               stop_after: int | None = None) -> loop.CallObserver:
+  """An observer of meshfit's train calls that timestamps each one.
 
   Args:
-    splits: what `input_pipeline.load_splits` returns meanwhile.
     step_times: gets one `time.perf_counter()` per call (of up to
       `steps_per_call` steps).
-    wait_at: steps (of a fresh run) at which a call whose results are waited
-      for before its timestamp ends: the ends of a timed window. Other calls
-      are timestamped as they return (the loop itself keeps them within two
-      calls of done).
+    wait_at: steps (of a fresh run) at which a call's results are waited
+      for before its timestamp: the ends of a timed window. Other calls are
+      timestamped as they are dispatched (the loop itself keeps them within
+      two calls of done).
     stop_after: raise `_StopTraining` after this many calls.
   """
-  load_splits, jit_train_steps = (input_pipeline.load_splits,
-                                  steps.jit_train_steps)
-  next_chunk = loader.TrainLoader.__next__
-  step = 0  # at the end of the last chunk handed out
-
-  def counted_next(batches):
-    nonlocal step
-    n, chunk = next_chunk(batches)
-    step += n
-    return n, chunk
-
-  def timed_jit_train_steps(*args, **kwargs):
-    steps_fn = jit_train_steps(*args, **kwargs)
-
-    def timed(*args):
-      out = steps_fn(*args)
-      if step in wait_at:
-        jax.block_until_ready(out)
-      step_times.append(time.perf_counter())
-      if stop_after is not None and len(step_times) >= stop_after:
-        raise _StopTraining
-      return out
-    return timed
-
-  input_pipeline.load_splits = lambda dataset: splits
-  steps.jit_train_steps = timed_jit_train_steps
-  loader.TrainLoader.__next__ = counted_next
-  try:
-    yield
-  finally:
-    input_pipeline.load_splits = load_splits
-    steps.jit_train_steps = jit_train_steps
-    loader.TrainLoader.__next__ = next_chunk
+  def observe(step: int, losses: jax.Array) -> None:
+    if step in wait_at:
+      jax.block_until_ready(losses)
+    step_times.append(time.perf_counter())
+    if stop_after is not None and len(step_times) >= stop_after:
+      raise _StopTraining
+  return observe
 
 
 class Meshfit(Variant):
-  """`train_lib.train_and_evaluate` in a fresh workdir per run."""
+  """`loop.train_and_evaluate` in a fresh workdir per run."""
 
   def __init__(self, size: Size, data: Data, workroot: str, cache_dir: str,
                dtype: str = 'float32',
@@ -364,9 +334,9 @@ class Meshfit(Variant):
     times = []
     try:
       # From the first call done to the last call done: num_steps steps.
-      with meshfit_hooks(self._splits, times,
-                         wait_at=(first, config.num_train_steps)):
-        train_lib.train_and_evaluate(config, workdir)
+      loop.train_and_evaluate(
+          config, workdir, splits=self._splits,
+          on_call=call_timer(times, wait_at=(first, config.num_train_steps)))
       if self._checkpoint_every_steps:
         # Periodic checkpoints due inside the window (not the final one),
         # and how many of them were written.
@@ -388,26 +358,20 @@ def _init_mlp(size: Size, seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
                              size.layer_sizes[1:])]
 
 
-def _mlp_loss(params, x_BxF: jax.Array, y_BxT: jax.Array,
-              dtype: jnp.dtype, low_precision_grads: bool = False
-              ) -> jax.Array:
-  # models/mlp.py's matmul: its backward dots in `dtype` too, the weight
-  # gradient's in the form XLA:CPU keeps bfloat16.
-  dot = (functools.partial(mlp.low_precision_matmul, dtype=dtype)
-         if low_precision_grads else
-         functools.partial(jax.lax.dot, preferred_element_type=jnp.float32))
-  h = x_BxF
-  for i, (w, b) in enumerate(params):
-    h = dot(h.astype(dtype), w.astype(dtype)) + b
-    if i < len(params) - 1:
-      h = jax.nn.relu(h)
-  return jnp.mean((h - y_BxT)**2)
+def _matmul(dtype: jnp.dtype, low_precision_grads: bool):
+  """A dense layer's `x @ w` in `dtype`, accumulated in float32; with
+  `low_precision_grads`, models/mlp.py's (its backward dots in `dtype` too,
+  the weight gradient's in the form XLA:CPU keeps bfloat16)."""
+  if low_precision_grads:
+    return functools.partial(mlp.low_precision_matmul, dtype=dtype)
+  return lambda h, w: jax.lax.dot(h.astype(dtype), w.astype(dtype),
+                                  preferred_element_type=jnp.float32)
 
 
 def _adam_update(params, opt_state, x_BxF, y_BxT, *, dtype, tx, axis=None,
                  low_precision_grads=False):
-  loss, grads = jax.value_and_grad(_mlp_loss)(params, x_BxF, y_BxT, dtype,
-                                              low_precision_grads)
+  loss, grads = jax.value_and_grad(mlp_loss)(
+      params, x_BxF, y_BxT, _matmul(dtype, low_precision_grads))
   if axis is not None:
     loss, grads = jax.lax.pmean((loss, grads), axis)
   updates, opt_state = tx.update(grads, opt_state, params)
@@ -418,13 +382,13 @@ class _UpdateLoop(Variant):
   """Steps a jitted or pmapped update over pre-placed batches."""
 
   def run(self, num_steps: int) -> float:
-    in_flight = _InFlight()
+    bounded = _Bounded()
     start = time.perf_counter()
     for i in range(num_steps):
       x, y = self._batches[i % len(self._batches)]
       self._params, self._opt_state, loss = self._step(
           self._params, self._opt_state, x, y)
-      in_flight.add(loss)
+      bounded.add(loss)
     jax.block_until_ready((self._params, loss))
     return time.perf_counter() - start
 
@@ -538,35 +502,35 @@ class _MeshfitParts:
     config = _meshfit_config(size, dtype='float32', num_train_steps=None,
                              checkpoint_every_steps=None, cache_dir='')
     self.config, self.data, self.size = config, data, size
-    self.setup = train_lib.make_setup(config, size.num_features,
-                                      size.num_targets)
+    self.setup = runtime.make_setup(config_lib.parse(config),
+                                    size.num_features, size.num_targets)
     self.norm = Normalizer.fit(data.x_NxF, data.y_NxT)  # host arrays
     self.state = state_lib.create_train_state(
-        self.setup.spec, self.setup.tx, self.setup.mesh, config.seed,
+        self.setup.arch, self.setup.tx, self.setup.mesh, config.seed,
         self.norm)
-    self.resident = train_lib._fits_on_device(  # pylint: disable=protected-access
-        data.splits(1).train, config.dataset.resident_table_mb)
+    self.resident = feeding.fits_on_device(data.x_NxF, data.y_NxT,
+                                           config.dataset.resident_table_mb)
 
-  def chunks(self, steps_per_call: int) -> loader.TrainLoader:
-    """The training loop's TrainLoader, in calls of `steps_per_call`."""
-    return loader.TrainLoader(
+  def feed(self, steps_per_call: int) -> feeding.TrainFeed:
+    """The training loop's feed (`chunks(itertools.repeat(k))` draws calls
+    of k steps)."""
+    return feeding.TrainFeed(
         self.data.x_NxF, self.data.y_NxT, batch_size=self.size.batch_size,
-        seed=0, mesh=self.setup.mesh,
-        chunk_sizes=itertools.repeat(steps_per_call),
-        steps_per_call=steps_per_call, resident=self.resident,
+        seed=0, mesh=self.setup.mesh, steps_per_call=steps_per_call,
+        resident=self.resident,
         prefetch=self.config.dataset.prefetch_batches)
 
-  def table(self, batches: loader.TrainLoader) -> dict[str, jax.Array]:
+  def table(self, feed: feeding.TrainFeed) -> dict[str, jax.Array]:
     if not self.resident:
       return {}
     return steps.jit_standardize(self.setup.mesh)(self.norm,
-                                                  batches.device_table())
+                                                  feed.device_table())
 
 
 class Pipeline(Variant):
   """meshfit's input pipeline alone: the batches of each call on device.
 
-  The TrainLoader's chunks plus what the jitted call does with them before
+  The TrainFeed's chunks plus what the jitted call does with them before
   the model sees a batch (gathering the rows of the resident table, or
   standardising streamed rows), for every batch of the call; nothing trained.
   """
@@ -584,32 +548,33 @@ class Pipeline(Variant):
       else:
         out = steps.standardize(norm, {'x': chunk['x'], 'y': chunk['y']})
       return jax.lax.with_sharding_constraint(out, chunk_sharding)
-    # Placed as train_steps places a chunk (see steps.jit_train_steps).
+    # Placed as train_call places a chunk (see steps.jit_train_call).
     self._batches = jax.jit(batches, in_shardings=(None, None,
                                                    chunk_sharding))
 
   def run(self, num_steps: int) -> float:
     parts = self._parts
-    chunks = parts.chunks(self._k)
+    feed = parts.feed(self._k)
     try:
-      table_z = parts.table(chunks)
+      chunks = feed.chunks(itertools.repeat(self._k))
+      table_z = parts.table(feed)
       norm = parts.norm
       _, chunk = next(chunks)
       jax.block_until_ready(self._batches(norm, table_z, chunk))
       calls = -(-num_steps // self._k)
-      in_flight = _InFlight(always=True)
+      bounded = _Bounded(always=True)
       start = time.perf_counter()
       for _ in range(calls):
         _, chunk = next(chunks)
-        in_flight.add(self._batches(norm, table_z, chunk))
-      in_flight.drain()
+        bounded.add(self._batches(norm, table_z, chunk))
+      bounded.drain()
       return (time.perf_counter() - start) * num_steps / (calls * self._k)
     finally:
-      chunks.close()
+      feed.close()
 
 
 class MeshfitCalls(Variant):
-  """meshfit's jitted train calls and TrainLoader, without the rest of its
+  """meshfit's jitted train calls and TrainFeed, without the rest of its
   loop (no loss checks, logging, evaluation or checkpoints)."""
 
   def __init__(self, size: Size, data: Data, steps_per_call: int):
@@ -617,30 +582,31 @@ class MeshfitCalls(Variant):
     self.name = f'mf: train calls of {steps_per_call} step' + (
         's' if steps_per_call > 1 else '')
     self._parts, self._k = parts, steps_per_call
-    self._step = steps.jit_train_steps(
+    self._step = steps.jit_train_call(
         parts.setup.graphdef, parts.setup.tx, parts.setup.shardings,
         parts.setup.mesh, parts.config.log_every_steps)
     self._state = parts.state
     self.run(2 * steps_per_call)
 
   def run(self, num_steps: int) -> float:
-    chunks = self._parts.chunks(self._k)
+    feed = self._parts.feed(self._k)
     try:
-      table_z = self._parts.table(chunks)
+      chunks = feed.chunks(itertools.repeat(self._k))
+      table_z = self._parts.table(feed)
       calls = -(-num_steps // self._k)
-      in_flight = _InFlight(always=True)
+      bounded = _Bounded(always=True)
       start = time.perf_counter()
       for _ in range(calls):
         n, chunk = next(chunks)
         self._state, losses, _ = self._step(self._state, table_z, chunk,
                                             np.int32(n))
-        in_flight.add(losses)
-      in_flight.drain()
+        bounded.add(losses)
+      bounded.drain()
       jax.block_until_ready(self._state)
       # Per step: the last call may run a few more than asked.
       return (time.perf_counter() - start) * num_steps / (calls * self._k)
     finally:
-      chunks.close()
+      feed.close()
 
 
 # ---------------------------------------------------------------------------
@@ -696,9 +662,10 @@ def _first_step_child(spec: dict[str, str]) -> None:
   workdir = tempfile.mkdtemp()
   times = []
   try:
-    with meshfit_hooks(splits, times, wait_at=(_first_call(config, size),),
-                       stop_after=1):
-      train_lib.train_and_evaluate(config, workdir)
+    loop.train_and_evaluate(
+        config, workdir, splits=splits,
+        on_call=call_timer(times, wait_at=(_first_call(config, size),),
+                           stop_after=1))
   except _StopTraining:
     pass
   finally:
@@ -779,8 +746,8 @@ def norm_report(results: dict[str, dict[str, list[float]]]) -> str:
   return (f'\n### Gradient norm (best of {rounds}; '
           'meshfit takes one reduction up to '
           f'{steps.ONE_REDUCTION_MAX_ELEMENTS:,} parameters)\n\n'
-          + _table(['size', 'parameters', 'one reduction (us)',
-                    'per leaf (us)', 'meshfit uses'], rows))
+          + markdown_table(['size', 'parameters', 'one reduction (us)',
+                            'per leaf (us)', 'meshfit uses'], rows))
 
 
 # ---------------------------------------------------------------------------
@@ -882,16 +849,6 @@ def _num(x: float) -> str:
   return f'{x:,.0f}' if x >= 100 else f'{x:.3g}'
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-  widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-  line = lambda cells: '| ' + ' | '.join(  # noqa: E731
-      str(c).ljust(w) if i == 0 else str(c).rjust(w)
-      for i, (c, w) in enumerate(zip(cells, widths))) + ' |'
-  sep = '|' + '|'.join('-' * (w + 2) if i == 0 else '-' * (w + 1) + ':'
-                       for i, w in enumerate(widths)) + '|'
-  return '\n'.join([line(header), sep] + [line(r) for r in rows])
-
-
 def report(results: dict[str, Any]) -> str:
   """Markdown tables of everything measured."""
   out = []
@@ -899,8 +856,8 @@ def report(results: dict[str, Any]) -> str:
   peak_f32 = max(v for k, v in peaks.items() if 'f32' in k and 'bf16' not in k)
   peak_bf16 = max(v for k, v in peaks.items() if 'bf16' in k)
   out.append(f'Matmul peak ({MATMUL_N}^3, best of every round):\n')
-  out.append(_table(['matmul', 'GFLOP/s'],
-                    [[k, f'{v:.0f}'] for k, v in peaks.items()]))
+  out.append(markdown_table(['matmul', 'GFLOP/s'],
+                            [[k, f'{v:.0f}'] for k, v in peaks.items()]))
 
   for size_name, res in results['sizes'].items():
     size, rates, counts = SIZES[size_name], res['rates'], res['counts']
@@ -922,9 +879,9 @@ def report(results: dict[str, Any]) -> str:
                    _fmt(_ratio(rates, name, 'pmap')),
                    _fmt(_ratio(rates, name, 'torch')),
                    _fmt(_ratio(rates, name, 'torch, 1 thread'))])
-    out.append(_table(['variant', 'steps', 'steps/s', 'median', 'examples/s',
-                       'GFLOP/s', 'of peak', 'x jit', 'x pmap', 'x torch',
-                       'x torch 1t'], rows))
+    out.append(markdown_table(
+        ['variant', 'steps', 'steps/s', 'median', 'examples/s', 'GFLOP/s',
+         'of peak', 'x jit', 'x pmap', 'x torch', 'x torch 1t'], rows))
 
     extra = []
     for name in ('meshfit', 'jit', 'torch'):
@@ -947,7 +904,7 @@ def report(results: dict[str, Any]) -> str:
       extra.append([f'input pipeline alone: {rows_s:,.0f} rows/s; / rows/s '
                     'meshfit consumes', _fmt(_ratio(rates, pipe, 'meshfit'))])
     if extra:
-      out.append('\n' + _table(['ratio', 'value'], extra))
+      out.append('\n' + markdown_table(['ratio', 'value'], extra))
 
     ladder = [n for n in rates if n.startswith('mf:')]
     if ladder:
@@ -962,9 +919,9 @@ def report(results: dict[str, Any]) -> str:
                      _fmt(_ratio(rates, name, 'meshfit'))])
         previous = us
       out.append('\nWhere the time goes (meshfit\'s jitted calls and '
-                 'TrainLoader alone, then its whole loop):\n')
-      out.append(_table(['variant', 'steps/s', 'us/step', '+us', 'x jit',
-                         'x meshfit'], rows))
+                 'TrainFeed alone, then its whole loop):\n')
+      out.append(markdown_table(['variant', 'steps/s', 'us/step', '+us',
+                                 'x jit', 'x meshfit'], rows))
 
   if 'norm' in results:
     out.append(norm_report(results['norm']))
@@ -981,9 +938,9 @@ def report(results: dict[str, Any]) -> str:
     for k, m in med.items():
       rows.append([labels[k], f'{m["in_process_s"]:.2f}',
                    f'{m["process_s"]:.2f}'])
-    out.append(_table(['start', 'train_and_evaluate -> first step (s)',
-                       'process launch -> first step (s)'], rows))
-    out.append('\n' + _table(['ratio', 'in process', 'from launch'], [[
+    out.append(markdown_table(['start', 'train_and_evaluate -> first step (s)',
+                               'process launch -> first step (s)'], rows))
+    out.append('\n' + markdown_table(['ratio', 'in process', 'from launch'], [[
         'cold / warm',
         _fmt(med['cold']['in_process_s'] / med['warm']['in_process_s']),
         _fmt(med['cold']['process_s'] / med['warm']['process_s'])]]))

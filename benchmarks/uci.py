@@ -9,7 +9,7 @@ standardised with the training split's statistics, test RMSE in the target's
 original units, mean and standard error over the splits.
 
 Every model is trained the way a user trains one: each split's rows are
-written to CSV files and `train_lib.train_and_evaluate` runs on a config
+written to CSV files and `loop.train_and_evaluate` runs on a config
 derived from configs/csv.py (the csv_regression builder, the Normalizer, the
 training loop and the evaluation all as in `train.py`), in this process, on
 one device.
@@ -37,7 +37,6 @@ import time
 # Before TensorFlow, TFDS and JAX are imported: one CPU device, quiet logs.
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from meshfit import xla_flags  # noqa: E402  (imports no jax)
 
 xla_flags.apply()  # as train.py does
@@ -49,7 +48,8 @@ import pandas as pd  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from configs import csv as csv_config  # noqa: E402
-from meshfit import metrics, train_lib  # noqa: E402
+from meshfit import loop, writers  # noqa: E402
+from meshfit.loss_watch import NonFiniteLossError  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASETS = ('boston', 'concrete', 'energy', 'kin8nm', 'naval', 'power',
@@ -166,11 +166,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, train_path: str,
   # Only what the benchmark reads: no intermediate checkpoints or logs.
   config.log_every_steps = config.checkpoint_every_steps = num_steps
   try:
-    train_lib.train_and_evaluate(config, workdir)
-  except train_lib.NonFiniteLossError:
+    loop.train_and_evaluate(config, workdir)
+  except NonFiniteLossError:
     # Too large a learning rate for this table: a setting the grid loses.
     return [(num_steps, math.inf)]
-  records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  records = writers.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   return [(r['step'], r['eval/rmse']) for r in records if 'eval/rmse' in r]
 
 

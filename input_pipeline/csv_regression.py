@@ -14,7 +14,8 @@ file order. Features: `x` (F,) and `y` (T,), float32. The column names are
 stored in the dataset's metadata (`feature_names`, `target_names`).
 
 The TFDS builder itself is in csv_regression_builder.py, imported only when
-a dataset is prepared: finding one prepared needs no TFDS.
+a dataset is prepared: finding one prepared needs no TFDS. (It does not
+import this module; a test checks that their name and version agree.)
 """
 
 import hashlib
@@ -25,8 +26,7 @@ from typing import TYPE_CHECKING
 
 from absl import logging
 
-from input_pipeline import table_files
-from meshfit.errors import UsageError
+from input_pipeline import columns, table_files
 
 if TYPE_CHECKING:
   import tensorflow_datasets as tfds
@@ -74,17 +74,16 @@ def prepare(train_path: str, eval_path: str, target_columns: Sequence[str],
     `target_names`.
 
   Raises:
-    UsageError: bad selection, or a missing, unreadable or bad file (the
-      message names the file, the column and the first bad row).
+    DataError: a missing, unreadable or bad file (the message names the
+      file, the column and the first bad row).
   """
-  table_files.check_column_selection(target_columns, feature_columns)
   train_data = table_files.read_bytes(train_path, 'dataset.train_path')
   eval_data = table_files.read_bytes(eval_path, 'dataset.eval_path')
   key = content_key(train_data, eval_data, target_columns, feature_columns)
   directory = builder_dir(data_dir, key)
   # dataset_info.json is written last, when the split files are complete.
   if not os.path.exists(os.path.join(directory, 'dataset_info.json')):
-    tables = table_files.read_training_tables(
+    tables = columns.read_training_tables(
         (train_path, train_data), (eval_path, eval_data), target_columns,
         feature_columns)
     if tables.skipped_columns:

@@ -2,7 +2,14 @@
 
 Kept apart from csv_regression.py so that using a prepared dataset never
 imports TFDS: only `csv_regression.prepare` imports this module, and only when
-it has a dataset to prepare.
+it has a dataset to prepare. It imports nothing of csv_regression.py, which
+imports it: its name and version are written out here too (a test checks
+that they agree).
+
+A user's CSV or Parquet tables, read and checked by `columns`: splits
+`train` (the training file) and `test` (the evaluation file), rows in file
+order; features `x` (F,) and `y` (T,), float32; the column names in the
+metadata (`feature_names`, `target_names`).
 """
 
 import dataclasses
@@ -10,7 +17,7 @@ import dataclasses
 import numpy as np
 import tensorflow_datasets as tfds
 
-from input_pipeline import csv_regression, table_files
+from input_pipeline import columns, table_files
 
 
 @dataclasses.dataclass
@@ -33,11 +40,11 @@ class CsvRegressionConfig(tfds.core.BuilderConfig):
 class CsvRegression(tfds.core.GeneratorBasedBuilder):
   """A user's CSV or Parquet tables; see `csv_regression.prepare`."""
 
-  name = csv_regression.NAME
-  VERSION = tfds.core.Version(csv_regression.VERSION)
+  name = 'csv_regression'  # csv_regression.NAME
+  VERSION = tfds.core.Version('1.0.0')  # csv_regression.VERSION
   RELEASE_NOTES = {'1.0.0': 'Initial release.'}
 
-  def __init__(self, *, tables: table_files.TrainingTables | None = None,
+  def __init__(self, *, tables: columns.TrainingTables | None = None,
                **kwargs):
     """Builds the builder of one `CsvRegressionConfig`.
 
@@ -57,7 +64,7 @@ class CsvRegression(tfds.core.GeneratorBasedBuilder):
       raise ValueError('csv_regression needs a CsvRegressionConfig; use '
                        'csv_regression.prepare()')
     return self.dataset_info_from_configs(
-        description=csv_regression.__doc__,
+        description=__doc__,
         features=tfds.features.FeaturesDict({
             'x': tfds.features.Tensor(shape=(len(config.feature_names),),
                                       dtype=np.float32),
@@ -75,10 +82,10 @@ class CsvRegression(tfds.core.GeneratorBasedBuilder):
         ),
     )
 
-  def _read_tables(self) -> table_files.TrainingTables:
+  def _read_tables(self) -> columns.TrainingTables:
     config = self.builder_config
     if self._tables is None:
-      self._tables = table_files.read_training_tables(
+      self._tables = columns.read_training_tables(
           (config.train_path, table_files.read_bytes(config.train_path)),
           (config.eval_path, table_files.read_bytes(config.eval_path)),
           config.target_names, config.feature_names)

@@ -1,20 +1,19 @@
-"""Users' CSV and Parquet tables: checked reading, and writing predictions.
+"""Users' CSV and Parquet tables, read with every cell checked.
 
 A file is Parquet when its name ends in `.parquet` or `.pq` and CSV (comma
 separated, with a header row) otherwise. Every problem with a file's content
-raises `UsageError` naming the file and, where there is one, the column and
+raises `DataError` naming the file and, where there is one, the column and
 the first bad row. Rows are counted as *data rows*, 1-based, the header not
 counted: data row 1 is the first row under the header (line 2 of a plain
 CSV file).
 
 pandas and pyarrow are imported by the functions that parse or write a file,
-not with this module: they take about half a second to import, and a
-training run on an already prepared dataset never parses a file.
+not with this module: they are slow to import, and a training run on an
+already prepared dataset never parses a file.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import warnings
@@ -23,14 +22,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from meshfit.errors import UsageError
+from input_pipeline.errors import DataError
 
 if TYPE_CHECKING:
   import pandas as pd
 
 PARQUET_SUFFIXES = ('.parquet', '.pq')
-# Appended to a target's name for its column in a predictions table.
-PREDICTION_SUFFIX = '_pred'
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -50,7 +47,7 @@ def describe(path: str, source: str = '') -> str:
 
 
 def read_bytes(path: str, source: str = '') -> bytes:
-  """The whole file, or UsageError if it is missing or not a file.
+  """The whole file, or DataError if it is missing or not a file.
 
   Args:
     path: the file.
@@ -61,25 +58,25 @@ def read_bytes(path: str, source: str = '') -> bytes:
   """
   name = describe(path, source)
   if not path:
-    raise UsageError(f'no file given{f" for {source}" if source else ""}; '
+    raise DataError(f'no file given{f" for {source}" if source else ""}; '
                      'give the path of a CSV or Parquet file')
   if not os.path.exists(path):
-    raise UsageError(f'{name} does not exist; give the path of a CSV or '
+    raise DataError(f'{name} does not exist; give the path of a CSV or '
                      'Parquet file with a header row')
   if not os.path.isfile(path):
-    raise UsageError(f'{name} is not a file; give the path of a CSV or '
+    raise DataError(f'{name} is not a file; give the path of a CSV or '
                      'Parquet file with a header row')
   with open(path, 'rb') as f:
     return f.read()
 
 
-def _duplicate_error(name: str, header: Sequence[object]) -> UsageError | None:
+def _duplicate_error(name: str, header: Sequence[object]) -> DataError | None:
   """An error for the first column name that the header repeats, if any."""
   first_seen = {}
   for i, column in enumerate(header):
     # Empty names are told apart by position ('Unnamed: <i>') instead.
     if isinstance(column, str) and column and column in first_seen:
-      return UsageError(
+      return DataError(
           f'{name} names column {column!r} twice (columns '
           f'{first_seen[column] + 1} and {i + 1} of the header); rename or '
           'remove one of them')
@@ -102,11 +99,11 @@ def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
                            keep_default_na=False, **options).iloc[0].tolist()
       frame = pd.read_csv(io.BytesIO(data), **options)
   except pd.errors.EmptyDataError:
-    raise UsageError(f'{name} is empty; it needs a header row and at least '
+    raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row') from None
   except (pd.errors.ParserError, pd.errors.ParserWarning, UnicodeDecodeError,
           ValueError) as e:
-    raise UsageError(f'{name} is not a readable CSV file ({_one_line(e)}); '
+    raise DataError(f'{name} is not a readable CSV file ({_one_line(e)}); '
                      'check that every row has as many comma-separated '
                      'fields as the header, or name a Parquet file .parquet'
                      ) from None
@@ -119,12 +116,12 @@ def _parse_parquet(data: bytes, name: str) -> pd.DataFrame:
   import pyarrow as pa  # noqa: PLC0415  (see the module doc)
   import pyarrow.parquet as pq  # noqa: PLC0415
   if not data:
-    raise UsageError(f'{name} is empty; it needs at least one column and '
+    raise DataError(f'{name} is empty; it needs at least one column and '
                      'one row')
   try:
     table = pq.read_table(io.BytesIO(data))
   except (pa.ArrowException, OSError) as e:
-    raise UsageError(f'{name} is not a readable Parquet file '
+    raise DataError(f'{name} is not a readable Parquet file '
                      f'({_one_line(e)}); write it again, or name a CSV file '
                      '.csv') from None
   if (error := _duplicate_error(name, table.column_names)) is not None:
@@ -144,15 +141,15 @@ def parse(data: bytes, path: str, source: str = '') -> pd.DataFrame:
     One frame row per data row, in file order, columns as in the file.
 
   Raises:
-    UsageError: the file is empty, has a header but no data rows, repeats a
+    DataError: the file is empty, has a header but no data rows, repeats a
       column name or cannot be parsed.
   """
   name = describe(path, source)
   frame = (_parse_parquet if is_parquet(path) else _parse_csv)(data, name)
   if frame.shape[1] == 0:
-    raise UsageError(f'{name} has no columns; it needs a header row')
+    raise DataError(f'{name} has no columns; it needs a header row')
   if frame.shape[0] == 0:
-    raise UsageError(f'{name} has a header row but no data rows')
+    raise DataError(f'{name} has a header row but no data rows')
   return frame
 
 
@@ -161,13 +158,13 @@ def read_frame(path: str, source: str = '') -> pd.DataFrame:
   return parse(read_bytes(path, source), path, source)
 
 
-def _missing_column_error(frame: pd.DataFrame, column: str, name: str,
-                          role: str) -> UsageError:
+def missing_column_error(frame: pd.DataFrame, column: str, name: str,
+                          role: str) -> DataError:
   hint = ''
   if ',' in column:
     quoted = ', '.join(f'"{c.strip()}"' for c in column.split(','))
     hint = f" (to name several columns give a tuple, e.g. '({quoted})')"
-  return UsageError(
+  return DataError(
       f'{name} has no column {column!r}{role}{hint}; its columns are: '
       f'{", ".join(map(str, frame.columns))}')
 
@@ -220,7 +217,7 @@ def numeric_matrix(frame: pd.DataFrame, columns: Sequence[str], path: str,
     matrix_NxC, float32, rows in file order.
 
   Raises:
-    UsageError: a column is missing, or a cell is empty, NaN, infinite, not
+    DataError: a column is missing, or a cell is empty, NaN, infinite, not
       a number or beyond float32; the message names the column and the first
       bad data row (1-based, header not counted) over all `columns`.
   """
@@ -231,7 +228,7 @@ def numeric_matrix(frame: pd.DataFrame, columns: Sequence[str], path: str,
   first_bad = None  # (row, column index, problem, bad cells in column)
   for c, column in enumerate(columns):
     if column not in frame.columns:
-      raise _missing_column_error(frame, column, name, role)
+      raise missing_column_error(frame, column, name, role)
     values = frame[column]
     numbers, not_number = _as_numbers(values)
     bad = not_number | ~np.isfinite(numbers) | (
@@ -254,7 +251,7 @@ def numeric_matrix(frame: pd.DataFrame, columns: Sequence[str], path: str,
   if first_bad is not None:
     row, c, problem, count = first_bad
     more = f' ({count} bad values in this column)' if count > 1 else ''
-    raise UsageError(
+    raise DataError(
         f'{name}, column {columns[c]!r}, data row {row + 1} (1-based, header '
         f'not counted): {problem}{more}; fix or remove that row')
   return matrix_NxC
@@ -273,7 +270,7 @@ def read_features(path: str, feature_names: Sequence[str],
     x_NxF, float32, rows in file order.
 
   Raises:
-    UsageError: the file is unreadable, lacks one of `feature_names` (named)
+    DataError: the file is unreadable, lacks one of `feature_names` (named)
       or holds a bad value in one of them.
   """
   return numeric_matrix(read_frame(path, source), feature_names, path, source,
@@ -294,7 +291,7 @@ def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,
     Those columns, rows in file order, with a fresh 0..N-1 index.
 
   Raises:
-    UsageError: a column is missing or named twice.
+    DataError: a column is missing or named twice.
   """
   name = describe(path, source)
   if (error := _duplicate_error(f'the columns to keep from {name}',
@@ -302,177 +299,5 @@ def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,
     raise error
   for column in columns:
     if column not in frame.columns:
-      raise _missing_column_error(frame, column, name, ' (asked to keep it)')
+      raise missing_column_error(frame, column, name, ' (asked to keep it)')
   return frame[list(columns)].reset_index(drop=True)
-
-
-def prediction_columns(target_names: Sequence[str]) -> list[str]:
-  """`<target>_pred`, one per target."""
-  return [f'{t}{PREDICTION_SUFFIX}' for t in target_names]
-
-
-def write_predictions(path: str, pred_NxT: np.ndarray,
-                      target_names: Sequence[str],
-                      keep: pd.DataFrame | None = None) -> None:
-  """Writes one row per input row: kept columns, then `<target>_pred`.
-
-  Written to a temporary file and renamed, so `path` never holds half a
-  table. Floats are written at full precision: reading the file back gives
-  the same float32 values.
-
-  Args:
-    path: output file; Parquet for `.parquet` / `.pq`, else CSV.
-    pred_NxT: predictions in the targets' original units, rows in input
-      order.
-    target_names: the T target names.
-    keep: pass-through columns from `pass_through`, N rows, or None.
-
-  Raises:
-    UsageError: a kept column has the name of a prediction column, or the
-      output directory does not exist.
-    ValueError: the shapes of `pred_NxT`, `target_names` and `keep` disagree.
-  """
-  import pandas as pd  # noqa: PLC0415  (see the module doc)
-  if pred_NxT.ndim != 2 or pred_NxT.shape[1] != len(target_names):
-    raise ValueError(f'pred_NxT has shape {pred_NxT.shape} for '
-                     f'{len(target_names)} targets')
-  keep = pd.DataFrame() if keep is None else keep
-  if len(keep.columns) and len(keep) != pred_NxT.shape[0]:
-    raise ValueError(f'{len(keep)} kept rows for {pred_NxT.shape[0]} '
-                     'predictions')
-  names = prediction_columns(target_names)
-  clash = sorted(set(names) & set(keep.columns))
-  if clash:
-    raise UsageError(f'cannot keep column(s) {", ".join(clash)}: the '
-                     'predictions table writes its own column of that name; '
-                     'keep other columns')
-  directory = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(directory):
-    raise UsageError(f'cannot write {path!r}: directory {directory!r} does '
-                     'not exist; create it first')
-  predictions = pd.DataFrame(
-      {n: pred_NxT[:, t] for t, n in enumerate(names)})
-  table = pd.concat([keep.reset_index(drop=True), predictions], axis=1)
-  tmp = f'{path}.tmp'
-  if is_parquet(path):
-    table.to_parquet(tmp, index=False, engine='pyarrow')
-  else:
-    table.to_csv(tmp, index=False)
-  os.replace(tmp, path)
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainingTables:
-  """Both files of a run, checked against each other, as float32 arrays."""
-  x_train_NxF: np.ndarray
-  y_train_NxT: np.ndarray
-  x_eval_NxF: np.ndarray
-  y_eval_NxT: np.ndarray
-  feature_names: tuple[str, ...]
-  target_names: tuple[str, ...]
-  # Columns left out of a `()` feature selection: text or unnamed.
-  skipped_columns: tuple[str, ...] = ()
-
-
-def check_column_selection(target_columns: Sequence[str],
-                           feature_columns: Sequence[str]) -> None:
-  """Targets given, no name twice, no target among the features.
-
-  Raises:
-    UsageError: naming the offending column and the setting to fix.
-  """
-  if not target_columns:
-    raise UsageError('dataset.target_columns is empty; name the column(s) to '
-                     "predict, e.g. --config.dataset.target_columns='(\"y\",)'")
-  for key, columns in (('dataset.target_columns', target_columns),
-                       ('dataset.feature_columns', feature_columns)):
-    for column in columns:
-      if not isinstance(column, str) or not column:
-        raise UsageError(f'{key} holds {column!r}; give column names as '
-                         'non-empty strings')
-      if list(columns).count(column) > 1:
-        raise UsageError(f'{key} names column {column!r} twice; name it once')
-  both = [c for c in target_columns if c in feature_columns]
-  if both:
-    raise UsageError(
-        f'column {both[0]!r} is both a target (dataset.target_columns) and a '
-        'feature (dataset.feature_columns); a model cannot take its own '
-        'answer as input: remove it from dataset.feature_columns')
-
-
-def _auto_features(frame: pd.DataFrame, target_columns: Sequence[str]
-                   ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-  """(every other numeric, named column; the columns left out)."""
-  features, skipped = [], []
-  for column in frame.columns:
-    if column in target_columns:
-      continue
-    # pandas names a column with an empty header 'Unnamed: <i>': most often
-    # an index written by DataFrame.to_csv, which must not become a feature.
-    unnamed = not isinstance(column, str) or column.startswith('Unnamed: ')
-    if unnamed or not looks_numeric(frame[column]):
-      skipped.append(str(column))
-    else:
-      features.append(column)
-  return tuple(features), tuple(skipped)
-
-
-def read_training_tables(
-    train: tuple[str, bytes], eval_: tuple[str, bytes],
-    target_columns: Sequence[str], feature_columns: Sequence[str]
-) -> TrainingTables:
-  """Parses and checks the training and evaluation files of a run.
-
-  Args:
-    train: (path, bytes) of the training file (dataset.train_path).
-    eval_: (path, bytes) of the evaluation file (dataset.eval_path).
-    target_columns: one or more columns to predict.
-    feature_columns: input columns; () takes every other numeric column of
-      the training file (text columns and unnamed ones are left out).
-
-  Returns:
-    Both splits as float32 arrays with their column names.
-
-  Raises:
-    UsageError: any problem with the selection or either file; see
-      `parse`, `numeric_matrix` and `check_column_selection`.
-  """
-  check_column_selection(target_columns, feature_columns)
-  (train_path, train_data), (eval_path, eval_data) = train, eval_
-  sources = ('dataset.train_path', 'dataset.eval_path')
-  train_frame = parse(train_data, train_path, sources[0])
-  eval_frame = parse(eval_data, eval_path, sources[1])
-  for column in (*target_columns, *feature_columns):
-    if column not in train_frame.columns:
-      key = ('dataset.target_columns' if column in target_columns
-             else 'dataset.feature_columns')
-      raise _missing_column_error(train_frame, column,
-                                  describe(train_path, sources[0]),
-                                  f' named in {key}')
-  only_train = [c for c in train_frame.columns if c not in eval_frame.columns]
-  only_eval = [c for c in eval_frame.columns if c not in train_frame.columns]
-  if only_train or only_eval:
-    parts = [f'only in the training file: {", ".join(map(str, cols))}'
-             for cols in [only_train] if cols]
-    parts += [f'only in the evaluation file: {", ".join(map(str, cols))}'
-              for cols in [only_eval] if cols]
-    raise UsageError(
-        f'{describe(train_path, sources[0])} and '
-        f'{describe(eval_path, sources[1])} have different columns '
-        f'({"; ".join(parts)}); give both files the same header')
-  skipped = ()
-  if not feature_columns:
-    feature_columns, skipped = _auto_features(train_frame, target_columns)
-    if not feature_columns:
-      raise UsageError(
-          f'{describe(train_path, sources[0])} has no numeric column besides '
-          f'the targets {", ".join(target_columns)} to use as a feature; add '
-          'one, or name the features in dataset.feature_columns')
-  arrays = []
-  for frame, path, source in ((train_frame, train_path, sources[0]),
-                              (eval_frame, eval_path, sources[1])):
-    arrays.append(numeric_matrix(frame, feature_columns, path, source))
-    arrays.append(numeric_matrix(frame, target_columns, path, source))
-  return TrainingTables(*arrays, feature_names=tuple(feature_columns),
-                        target_names=tuple(target_columns),
-                        skipped_columns=skipped)

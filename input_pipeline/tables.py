@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 
 from input_pipeline import csv_regression
-from meshfit.errors import UsageError
+from input_pipeline.errors import DataError
 
 if TYPE_CHECKING:
   import tensorflow_datasets as tfds
@@ -86,9 +86,9 @@ class Table:
 
 
 def check_data_dir(data_dir: str) -> None:
-  """Raises UsageError if `data_dir` exists but is not a directory."""
+  """Raises DataError if `data_dir` exists but is not a directory."""
   if os.path.exists(data_dir) and not os.path.isdir(data_dir):
-    raise UsageError(
+    raise DataError(
         f'data_dir {data_dir!r} is a file; point it at a directory (it is '
         'created if missing).'
     )
@@ -96,7 +96,7 @@ def check_data_dir(data_dir: str) -> None:
 
 def _check_generated(name: str, data_dir: str) -> None:
   if name not in GENERATED_DATASETS:
-    raise UsageError(
+    raise DataError(
         f'unknown dataset {name!r}; use one of: {", ".join(KNOWN_DATASETS)}.'
     )
   check_data_dir(data_dir)
@@ -125,7 +125,7 @@ def prepare(name: str, data_dir: str) -> 'tfds.core.DatasetBuilder':
     A builder whose splits are ready for `load_table`.
 
   Raises:
-    UsageError: `name` is not a known dataset, or `data_dir` is a file.
+    DataError: `name` is not a known dataset, or `data_dir` is a file.
   """
   _check_generated(name, data_dir)
   tfds = _import_tfds()
@@ -152,7 +152,7 @@ def prepare_generated(name: str, data_dir: str) -> str:
     The prepared dataset's directory, for `read_split`.
 
   Raises:
-    UsageError: `name` is not a known dataset, or `data_dir` is a file.
+    DataError: `name` is not a known dataset, or `data_dir` is a file.
   """
   _check_generated(name, data_dir)
   # TFDS's own layout: <data_dir>/<builder>/<config>/<version>.
@@ -174,13 +174,13 @@ def open_prepared(directory: str) -> 'tfds.core.DatasetBuilder':
     A builder for `load_table`.
 
   Raises:
-    UsageError: the directory holds no intact prepared dataset.
+    DataError: the directory holds no intact prepared dataset.
   """
   tfds = _import_tfds()
   try:
     return tfds.builder_from_directory(directory)
   except Exception as e:  # A damaged directory; its contents vary.
-    raise UsageError(f'cannot read the prepared dataset in {directory!r} '
+    raise DataError(f'cannot read the prepared dataset in {directory!r} '
                      f'({type(e).__name__}: {e}); delete that directory and '
                      'run again to prepare it afresh') from e
 
@@ -197,7 +197,7 @@ def _float_vector_feature(
       or feature.np_dtype != np.float32
       or len(feature.shape) != 1
   ):
-    raise UsageError(
+    raise DataError(
         f'dataset {builder.info.full_name} needs a float32 vector feature '
         f'{key!r}, but its features are {features}; use one of: '
         f'{", ".join(KNOWN_DATASETS)}.'
@@ -211,7 +211,7 @@ def load_table(builder: 'tfds.core.DatasetBuilder', split: str) -> Table:
   Records are read in stored order (shards in order, no shuffling), so every
   call returns the same rows in the same order. All records of the split are
   parsed by one vectorised `tf.io.parse_example` call: decoding them one by
-  one through `builder.as_dataset` is 20-200x slower.
+  one through `builder.as_dataset` is far slower.
 
   Args:
     builder: a prepared builder, as returned by `prepare`.
@@ -222,11 +222,11 @@ def load_table(builder: 'tfds.core.DatasetBuilder', split: str) -> Table:
     The split's `x` and `y` features as a `Table`.
 
   Raises:
-    UsageError: the split does not exist, the dataset is not prepared, its
+    DataError: the split does not exist, the dataset is not prepared, its
       features are not float32 vectors 'x' and 'y', or its files are damaged.
   """
   if not builder.is_prepared():
-    raise UsageError(
+    raise DataError(
         f'dataset {builder.info.full_name} is not prepared in '
         f'{builder.data_dir!s}; call prepare() on it first.'
     )
@@ -234,7 +234,7 @@ def load_table(builder: 'tfds.core.DatasetBuilder', split: str) -> Table:
     split_info = builder.info.splits[split]
   except (KeyError, ValueError) as e:
     available = ', '.join(builder.info.splits.keys())
-    raise UsageError(
+    raise DataError(
         f'dataset {builder.info.full_name} has no split {split!r}; use one '
         f'of: {available} (or a slice such as "train[:10%]").'
     ) from e
@@ -262,7 +262,7 @@ def load_table(builder: 'tfds.core.DatasetBuilder', split: str) -> Table:
       serialized_N = records.batch(num_examples).get_single_element()
       parsed = tf.io.parse_example(serialized_N, spec)
     except tf.errors.OpError as e:
-      raise UsageError(
+      raise DataError(
           f'cannot read split {split!r} of {builder.info.full_name} from '
           f'{builder.data_dir!s} ({type(e).__name__}: {e.message}); delete '
           'that directory and prepare the dataset again.'
@@ -270,7 +270,7 @@ def load_table(builder: 'tfds.core.DatasetBuilder', split: str) -> Table:
     x_NxF = parsed['x'].numpy()
     y_NxT = parsed['y'].numpy()
   if x_NxF.shape[0] != num_examples:
-    raise UsageError(
+    raise DataError(
         f'split {split!r} of {builder.info.full_name} should have '
         f'{num_examples} rows but its files in {builder.data_dir!s} hold '
         f'{x_NxF.shape[0]}; delete that directory and prepare the dataset '
@@ -347,7 +347,7 @@ def read_split(directory: str, split: str) -> Table:
     The same table as `load_table` returns for this split.
 
   Raises:
-    UsageError: as `load_table` and `open_prepared`.
+    DataError: as `load_table` and `open_prepared`.
   """
   path = _parsed_path(directory, split)
   table = _load_parsed(path)

@@ -7,7 +7,7 @@ and residuals against predicted, one row of panels per target.
 Figures are built with the object-oriented API (`Figure`, no pyplot), so no
 global backend or figure state is touched and nothing needs a display.
 matplotlib is imported when the first figure is drawn, not with this module:
-it takes about half a second, which every start of training would pay.
+it is slow to import, and every start of training would pay for it.
 """
 
 import os
@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from meshfit import metrics
+from meshfit import writers
+from meshfit.files import atomic_write
 
 if TYPE_CHECKING:
   from matplotlib.figure import Figure
@@ -34,9 +35,8 @@ def _new_figure(**kwargs) -> 'Figure':
 
 def _save(fig: 'Figure', path: str) -> None:
   """Writes atomically: a reader never sees half a PNG."""
-  tmp = f'{path}.tmp.png'
-  fig.savefig(tmp, dpi=DPI)
-  os.replace(tmp, path)
+  with atomic_write(path, 'wb') as f:
+    fig.savefig(f, dpi=DPI, format='png')
 
 
 def _log_scale_helps(values: np.ndarray) -> bool:
@@ -61,7 +61,7 @@ def write_loss_curve(workdir: str, dataset: str,
   path = os.path.join(workdir, 'metrics.jsonl')
   if not os.path.exists(path):
     return None
-  records = metrics.read_jsonl(path)
+  records = writers.read_jsonl(path)
   train = np.array([(r['step'], r['train/loss']) for r in records
                     if 'train/loss' in r], np.float64).reshape(-1, 2)
   evals = np.array([(r['step'], r['eval/rmse']) for r in records

@@ -3,7 +3,7 @@
 TPU VMs get SIGTERM before maintenance or preemption. Where the JAX
 coordination service runs (jax.distributed is initialised), its preemption
 sync point makes every host stop at the same step; without it (one host),
-a Python signal handler sets a flag that the loop reads after each step.
+a Python signal handler sets a flag that the loop reads after each call.
 """
 
 import signal
@@ -25,7 +25,7 @@ class Preempted(Exception):
 
 
 class PreemptionWatch:
-  """Says, once per step, whether training must stop and save now."""
+  """Says, once per train call, whether training must stop and save now."""
 
   def __init__(self):
     self._service = (distributed.global_state.client is not None and
@@ -44,10 +44,15 @@ class PreemptionWatch:
     """A SIGTERM arrived (single-host mode; the service tracks its own)."""
     return self._received.is_set()
 
-  def should_stop(self, step: int) -> bool:
-    """Call after every step, on every host, from the first step on."""
+  def should_stop(self, call_index: int) -> bool:
+    """Whether to save and stop now.
+
+    Call after every train call, on every host, with the call's index
+    (0, 1, 2, ... from the start of this process): the coordination service
+    makes every host stop after the same call.
+    """
     if self._service:
-      return multihost_utils.reached_preemption_sync_point(step)
+      return multihost_utils.reached_preemption_sync_point(call_index)
     return self._received.is_set()
 
   def close(self) -> None:

@@ -28,9 +28,9 @@ AXES = (DATA, MODEL)
 
 LOGICAL_RULES: dict[str, str | None] = {
     'batch': DATA,
-    mlp.MLP: MODEL,
-    mlp.EMBED: None,
-    mlp.OUT: None,
+    mlp.HIDDEN_AXIS: MODEL,
+    mlp.EMBED_AXIS: None,
+    mlp.OUT_AXIS: None,
 }
 
 
@@ -103,8 +103,8 @@ def multiprocess_device_grid(shape: tuple[int, int],
     An object array of devices of shape `shape`.
 
   Raises:
-    UsageError: 'model' does not fit inside one process, or the processes
-      hold different numbers of devices.
+    UsageError: the processes hold different numbers of devices. (That
+      'model' fits inside one process is `config.check_devices`'s to check.)
   """
   per_process = collections.Counter(d.process_index for d in devices)
   if len(set(per_process.values())) != 1:
@@ -113,7 +113,6 @@ def multiprocess_device_grid(shape: tuple[int, int],
         'give every process the same number of devices')
   devices_per_process = next(iter(per_process.values()))
   model = shape[1]
-  check_model_within_process(model, devices_per_process)
   return mesh_utils.create_hybrid_device_mesh(
       (devices_per_process // model, model), (len(per_process), 1),
       devices, process_is_granule=True)

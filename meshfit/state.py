@@ -43,7 +43,7 @@ class TrainState:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSpec:
+class Architecture:
   """What it takes to build the model: static, hashable, not saved as arrays."""
   mlp: MlpConfig
   num_features: int
@@ -57,21 +57,22 @@ class ModelSpec:
 
 
 @functools.lru_cache(maxsize=16)
-def _abstract_model(spec: ModelSpec) -> Mlp:
-  """The model's shapes and metadata, no arrays (built once per spec: a
-  start needs them several times, and each build traces the model)."""
+def _abstract_model(arch: Architecture) -> Mlp:
+  """The model's shapes and metadata, no arrays (built once per
+  architecture: a start needs them several times, and each build traces
+  the model)."""
   with nnx.use_eager_sharding(False):
-    return nnx.eval_shape(lambda: spec.build(0))
+    return nnx.eval_shape(lambda: arch.build(0))
 
 
-def graphdef(spec: ModelSpec) -> nnx.GraphDef:
+def graphdef(arch: Architecture) -> nnx.GraphDef:
   """The model's static structure, for `nnx.merge(graphdef, params)`."""
-  return nnx.split(_abstract_model(spec), nnx.Param)[0]
+  return nnx.split(_abstract_model(arch), nnx.Param)[0]
 
 
-def _init(spec: ModelSpec, tx: optax.GradientTransformation, seed: int,
+def _init(arch: Architecture, tx: optax.GradientTransformation, seed: int,
           norm: Normalizer) -> TrainState:
-  params = nnx.to_pure_dict(nnx.state(spec.build(seed), nnx.Param))
+  params = nnx.to_pure_dict(nnx.state(arch.build(seed), nnx.Param))
   return TrainState(
       step=jnp.zeros((), jnp.int32),
       params=params,
@@ -83,16 +84,16 @@ def _init(spec: ModelSpec, tx: optax.GradientTransformation, seed: int,
 
 
 @functools.lru_cache(maxsize=16)
-def _state_shapes(spec: ModelSpec,
+def _state_shapes(arch: Architecture,
                   tx: optax.GradientTransformation) -> TrainState:
-  """ShapeDtypeStructs of every leaf (traced once per spec and optimizer)."""
+  """ShapeDtypeStructs of every leaf (traced once per arch and optimizer)."""
   return jax.eval_shape(
-      lambda: _init(spec, tx, 0, Normalizer.identity(spec.num_features,
-                                                     spec.num_targets)))
+      lambda: _init(arch, tx, 0, Normalizer.identity(arch.num_features,
+                                                      arch.num_targets)))
 
 
 @functools.lru_cache(maxsize=16)
-def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
+def state_shardings(arch: Architecture, tx: optax.GradientTransformation,
                     mesh: Mesh) -> TrainState:
   """NamedShardings for every leaf of the train state on `mesh`.
 
@@ -100,9 +101,9 @@ def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
   parameter get the parameter's sharding; everything else is replicated.
   """
   logical = nnx.to_pure_dict(nnx.get_partition_spec(
-      nnx.state(_abstract_model(spec), nnx.Param)))
+      nnx.state(_abstract_model(arch), nnx.Param)))
   param_shardings = sharding.param_sharding(logical, mesh)
-  abstract_state = _state_shapes(spec, tx)
+  abstract_state = _state_shapes(arch, tx)
   replicated = sharding.replicated(mesh)
   opt_shardings = optax.tree_map_params(
       tx, lambda _, s: s, abstract_state.opt_state, param_shardings,
@@ -117,17 +118,17 @@ def state_shardings(spec: ModelSpec, tx: optax.GradientTransformation,
                                  abstract_state.train_metrics))
 
 
-def abstract_state(spec: ModelSpec, tx: optax.GradientTransformation,
+def abstract_state(arch: Architecture, tx: optax.GradientTransformation,
                    mesh: Mesh) -> TrainState:
   """ShapeDtypeStructs carrying the current mesh's shardings (restore target)."""
   return jax.tree.map(
       lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-      _state_shapes(spec, tx), state_shardings(spec, tx, mesh))
+      _state_shapes(arch, tx), state_shardings(arch, tx, mesh))
 
 
-def create_train_state(spec: ModelSpec, tx: optax.GradientTransformation,
+def create_train_state(arch: Architecture, tx: optax.GradientTransformation,
                        mesh: Mesh, seed: int, norm: Normalizer) -> TrainState:
   """A fresh train state, each leaf created directly in its sharding."""
-  init = jax.jit(lambda n: _init(spec, tx, seed, n),
-                 out_shardings=state_shardings(spec, tx, mesh))
+  init = jax.jit(lambda n: _init(arch, tx, seed, n),
+                 out_shardings=state_shardings(arch, tx, mesh))
   return init(jax.tree.map(jnp.asarray, norm))

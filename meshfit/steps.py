@@ -1,8 +1,10 @@
 """Pure train, eval and predict steps over the split train state.
 
-The model is rebuilt from (graphdef, params) inside the traced function, so
-NNX's graph traversal happens once at trace time, never per call: `nnx.jit`
-runs a small MLP's step 7-11x slower than `jax.jit` over the split state.
+`train_step` is one optimizer step; `train_call` runs many of them in one
+jitted call, the way training runs. The model is rebuilt from (graphdef,
+params) inside the traced function, so NNX's graph traversal happens once at
+trace time, never per call (`nnx.jit` runs a small MLP's step several times
+slower than `jax.jit` over the split state: docs/performance.md).
 """
 
 import functools
@@ -36,30 +38,20 @@ def standardize(norm: Normalizer, batch: Batch) -> Batch:
           'y': norm.standardize_y(batch['y'])}
 
 
-def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
-               tx: optax.GradientTransformation,
-               log_every_steps: int) -> tuple[TrainState, jax.Array]:
-  """One optimizer step on a batch in original units (see `fit_step`)."""
-  return fit_step(state, standardize(state.norm, batch), graphdef=graphdef,
-                  tx=tx, log_every_steps=log_every_steps)
-
-
 # Up to this many elements, `global_norm` of unpartitioned leaves is one
 # reduction over their concatenation. XLA:CPU runs that fusion slowly per
-# element, so beyond it a kernel per leaf wins: on this 2-core machine
-# (`benchmarks/speed.py --sections=norm`) 8-10 vs 11-24 us at 4,929
-# elements, 23 vs 46 us at 39,361, 75 vs 64 us at 68,865, and 0.25-5.3 ms vs
-# 63-95 us at 268,801 (up to a tenth of the medium benchmark MLP's step).
+# element, so beyond it a kernel per leaf wins (`benchmarks/speed.py
+# --sections=norm` measures both; docs/performance.md has the crossover).
 ONE_REDUCTION_MAX_ELEMENTS = 1 << 16
 
 
 def global_norm(tree: Any, partitioned: bool) -> jax.Array:
   """The L2 norm of every leaf of `tree` together.
 
-  XLA:CPU runs a kernel per leaf for the usual sum of per-leaf norms, and
-  those kernels were a fifth of a small MLP's step; so small trees are
-  raveled and concatenated into one fused reduction instead (the result
-  differs in rounding only). Not for `partitioned` leaves (some split over
+  XLA:CPU runs a kernel per leaf for the usual sum of per-leaf norms, a
+  large part of a small MLP's step; so small trees are raveled and
+  concatenated into one fused reduction instead (the result differs in
+  rounding only). Not for `partitioned` leaves (some split over
   the 'model' axis): concatenating differently sharded leaves gathers them.
   """
   leaves = [a.astype(jnp.float32) for a in jax.tree.leaves(tree)]
@@ -80,10 +72,10 @@ def concatenated_norm(leaves: list[jax.Array]) -> jax.Array:
       [a.ravel() for a in leaves]))))
 
 
-def fit_step(state: TrainState, batch_z: Batch, *, graphdef: nnx.GraphDef,
-             tx: optax.GradientTransformation, log_every_steps: int,
-             params_partitioned: bool = True
-             ) -> tuple[TrainState, jax.Array]:
+def train_step(state: TrainState, batch_z: Batch, *,
+               graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+               log_every_steps: int, params_partitioned: bool = True
+               ) -> tuple[TrainState, jax.Array]:
   """One optimizer step on the mean squared error in standardised units.
 
   Train metrics accumulate in the state; they restart with the first step of
@@ -129,12 +121,12 @@ def fit_step(state: TrainState, batch_z: Batch, *, graphdef: nnx.GraphDef,
                        opt_state=opt_state, train_metrics=train_metrics), loss
 
 
-def train_steps(state: TrainState, table_z: Batch, chunk: Batch,
-                num_steps: jax.Array, *, graphdef: nnx.GraphDef,
-                tx: optax.GradientTransformation, log_every_steps: int,
-                batch_sharding: NamedSharding
-                ) -> tuple[TrainState, jax.Array, TrainMetrics]:
-  """`num_steps` optimizer steps in one call.
+def train_call(state: TrainState, table_z: Batch, chunk: Batch,
+               num_steps: jax.Array, *, graphdef: nnx.GraphDef,
+               tx: optax.GradientTransformation, log_every_steps: int,
+               batch_sharding: NamedSharding
+               ) -> tuple[TrainState, jax.Array, TrainMetrics]:
+  """`num_steps` optimizer steps (`train_step`) in one call.
 
   The steps run in a `fori_loop` whose trip count is a runtime value, so one
   compiled program serves every chunk length and a run computes the same
@@ -145,8 +137,8 @@ def train_steps(state: TrainState, table_z: Batch, chunk: Batch,
     state: the train state.
     table_z: the standardised training table on every device, `{'x', 'y'}`,
       when the chunk holds row indices; else `{}`.
-    chunk: from `input_pipeline.loader.TrainLoader`: either `idx` (K x B
-      table rows) or `x`, `y` (K x B rows in original units).
+    chunk: from `feeding.TrainFeed`: either `idx` (K x B table rows) or
+      `x`, `y` (K x B rows in original units).
     num_steps: how many of the chunk's K batches to train on (int32 scalar).
     graphdef: the model's structure.
     tx: the optimizer.
@@ -170,9 +162,9 @@ def train_steps(state: TrainState, table_z: Batch, chunk: Batch,
       batch_z = standardize(state.norm, {'x': chunk['x'][i],
                                          'y': chunk['y'][i]})
     batch_z = jax.lax.with_sharding_constraint(batch_z, batch_sharding)
-    state, loss = fit_step(state, batch_z, graphdef=graphdef, tx=tx,
-                           log_every_steps=log_every_steps,
-                           params_partitioned=partitioned)
+    state, loss = train_step(state, batch_z, graphdef=graphdef, tx=tx,
+                             log_every_steps=log_every_steps,
+                             params_partitioned=partitioned)
     return state, losses_K.at[i].set(loss)
 
   carry = (state, jnp.zeros((k,), jnp.float32))
@@ -197,29 +189,34 @@ def jit_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
                    log_every_steps: int
                    ) -> Callable[[TrainState, Batch],
                                  tuple[TrainState, jax.Array]]:
-  """`train_step` jitted once: state donated, shardings pinned both ways."""
+  """One `train_step` on a batch in original units, jitted: state donated,
+  shardings pinned both ways (a reference for `train_call`)."""
   batch = sharding.batch_sharding(mesh)
+
+  def step(state, batch):
+    return train_step(state, standardize(state.norm, batch),
+                      graphdef=graphdef, tx=tx,
+                      log_every_steps=log_every_steps)
   return jax.jit(
-      functools.partial(train_step, graphdef=graphdef, tx=tx,
-                        log_every_steps=log_every_steps),
+      step,
       in_shardings=(state_shardings, {'x': batch, 'y': batch}),
       out_shardings=(state_shardings, sharding.replicated(mesh)),
       donate_argnums=0)
 
 
-def jit_train_steps(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-                    state_shardings: TrainState, mesh: Mesh,
-                    log_every_steps: int
-                    ) -> Callable[[TrainState, Batch, Batch, Any],
-                                  tuple[TrainState, jax.Array, TrainMetrics]]:
-  """`train_steps` jitted once: state donated, shardings pinned both ways.
+def jit_train_call(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                   state_shardings: TrainState, mesh: Mesh,
+                   log_every_steps: int
+                   ) -> Callable[[TrainState, Batch, Batch, Any],
+                                 tuple[TrainState, jax.Array, TrainMetrics]]:
+  """`train_call` jitted once: state donated, shardings pinned both ways.
 
   The table keeps the sharding it arrives with (replicated); the chunk is
   split over 'data' along the batch dimension (numpy chunks are placed so)
   and `num_steps` (a numpy int32 will do) replicated.
   """
   return jax.jit(
-      functools.partial(train_steps, graphdef=graphdef, tx=tx,
+      functools.partial(train_call, graphdef=graphdef, tx=tx,
                         log_every_steps=log_every_steps,
                         batch_sharding=sharding.batch_sharding(mesh)),
       in_shardings=(state_shardings, None,

@@ -22,6 +22,12 @@ from meshfit.errors import UsageError
 LOCK_NAME = 'lock'
 
 
+def check_workdir(workdir: str) -> None:
+  """The workdir must be a directory (or not exist yet)."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise UsageError(f'workdir {workdir} is a file; give a directory path')
+
+
 def _start_time(pid: int) -> str | None:
   """The process's start time in clock ticks (tells a reused pid apart)."""
   try:

@@ -10,11 +10,9 @@ from collections.abc import MutableMapping
 # XLA:CPU's default scheduler orders a program's kernels breadth-first, to run
 # independent ones at once on its thread pool. A small MLP's step is a hundred
 # small kernels, which lose more in being handed between threads than they
-# gain: in the depth-first (memory-ordered) schedule the small benchmark MLP
-# trains 24-30% more steps per second (`benchmarks/speed.py --sizes=small`:
-# 9,433-9,670 against 7,293-7,800); medium and large are unchanged within
-# noise, and tiny's bare calls run ~10% slower (193k against 212-219k steps/s)
-# while its loop, bound by the host, is not. Other backends ignore the flag.
+# gain, so meshfit asks for the depth-first (memory-ordered) schedule
+# (`benchmarks/speed.py --sizes=small` measures it; docs/performance.md has
+# the numbers). Other backends ignore the flag.
 DEFAULTS = {'xla_cpu_enable_concurrency_optimized_scheduler': 'false'}
 
 

@@ -17,9 +17,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 # Logical axis names, mapped to mesh axes in meshfit/sharding.py.
-EMBED = 'embed'  # a feature dimension kept whole on every device
-MLP = 'mlp'  # a hidden dimension split over the model-parallel axis
-OUT = 'out'  # the regression targets
+EMBED_AXIS = 'embed'  # a feature dimension kept whole on every device
+HIDDEN_AXIS = 'mlp'  # a hidden dimension split over the model-parallel axis
+OUT_AXIS = 'out'  # the regression targets
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     'relu': jax.nn.relu,
@@ -71,14 +71,15 @@ def hidden_axes(layer: int) -> tuple[str, str]:
   Even layers split their output features (column-split), odd layers their
   input features (row-split), so activations alternate between split and whole.
   """
-  return (EMBED, MLP) if layer % 2 == 0 else (MLP, EMBED)
+  return ((EMBED_AXIS, HIDDEN_AXIS) if layer % 2 == 0 else
+          (HIDDEN_AXIS, EMBED_AXIS))
 
 
 def output_axes(num_hidden: int) -> tuple[str, str]:
   """Logical names of the output kernel, which consumes the last hidden layer."""
   if num_hidden == 0:
-    return (EMBED, OUT)
-  return (hidden_axes(num_hidden - 1)[1], OUT)
+    return (EMBED_AXIS, OUT_AXIS)
+  return (hidden_axes(num_hidden - 1)[1], OUT_AXIS)
 
 
 def num_params(layer_sizes: tuple[int, ...]) -> int:
@@ -89,15 +90,14 @@ def num_params(layer_sizes: tuple[int, ...]) -> int:
 def transposed_copy(a_NxM: jax.Array) -> jax.Array:
   """`a.T` as a row-major copy, the form XLA:CPU multiplies in bfloat16.
 
-  A plain `a.T` reaches XLA as a column-major view of `a`. XLA:CPU (jax
-  0.10.2) decides which bfloat16 dots its library kernel (YNNPACK) takes
-  before it assigns layouts, from the layouts it was handed; a dot whose
-  left operand is such a view looks transposed to that check, so it is
-  upcast to float32 and runs at the float32 rate (an optimization barrier
-  does not help: the barrier inherits the view's layout). The same values
-  built by splitting the rows in two, transposing in 3-D and merging again
-  come out of a reshape, which XLA lays out row-major: the dot stays
-  bfloat16. benchmarks/matmul.py times both.
+  A plain `a.T` reaches XLA as a column-major view of `a`. XLA:CPU decides
+  which bfloat16 dots its library kernel takes before it assigns layouts, so
+  a dot whose left operand is such a view is upcast to float32 (an
+  optimization barrier does not help: it inherits the view's layout). The
+  same values built by splitting the rows in two, transposing in 3-D and
+  merging again come out of a reshape, which XLA lays out row-major: the dot
+  stays bfloat16. benchmarks/matmul.py times both; docs/performance.md has
+  the numbers.
 
   Args:
     a_NxM: a matrix.
@@ -201,13 +201,7 @@ class Mlp(nnx.Module):
 
   def __init__(self, config: MlpConfig, in_features: int, out_features: int,
                *, rngs: nnx.Rngs):
-    if config.activation not in ACTIVATIONS:
-      raise ValueError(f'unknown activation {config.activation!r}; '
-                       f'choose one of {sorted(ACTIVATIONS)}')
-    for name in (config.dtype, config.param_dtype):
-      if name not in DTYPES:
-        raise ValueError(f'unknown dtype {name!r}; choose one of '
-                         f'{sorted(DTYPES)}')
+    """Builds the layers; `config` names keys of ACTIVATIONS and DTYPES."""
     self.activation = ACTIVATIONS[config.activation]
     self.dropout_rate = config.dropout_rate
     sizes = (in_features,) + config.hidden_sizes

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from configs import default
-from meshfit import compilation_cache, config_lib
+from meshfit import compilation_cache, config as config_lib
 from meshfit.errors import UsageError
 
 
@@ -41,4 +41,4 @@ def test_validate_refuses_a_file_as_cache_dir(tmp_path):
   config.compilation_cache_dir = str(tmp_path / 'a_file')
   (tmp_path / 'a_file').write_text('')
   with pytest.raises(UsageError, match='compilation_cache_dir'):
-    config_lib.validate(config, num_devices=1)
+    config_lib.parse(config)

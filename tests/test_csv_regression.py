@@ -15,10 +15,10 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from cli_helpers import regression_frame  # noqa: E402
 
-import input_pipeline  # noqa: E402
 from configs import csv as csv_config  # noqa: E402
-from input_pipeline import csv_regression, table_files, tables  # noqa: E402
-from meshfit import config_lib  # noqa: E402
+from input_pipeline import columns, csv_regression, tables  # noqa: E402
+from input_pipeline.errors import DataError  # noqa: E402
+from meshfit import config as config_lib, data  # noqa: E402
 from meshfit.errors import UsageError  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -46,6 +46,10 @@ def files(tmp_path):
   return train, eval_, str(tmp_path / 'train.csv'), str(tmp_path / 'eval.csv')
 
 
+def _load(dataset: ml_collections.ConfigDict) -> data.Splits:
+  return data.load_splits(config_lib.parse_dataset(dataset))
+
+
 def _prepared_keys(tmp_path) -> list[str]:
   root = tmp_path / 'tfds' / 'csv_regression'
   return sorted(p.name for p in root.iterdir())
@@ -53,7 +57,7 @@ def _prepared_keys(tmp_path) -> list[str]:
 
 def test_splits_hold_the_files_rows_in_order_with_their_names(tmp_path, files):
   train, eval_, train_path, eval_path = files
-  splits = input_pipeline.load_splits(_dataset(tmp_path, train_path, eval_path))
+  splits = _load(_dataset(tmp_path, train_path, eval_path))
   assert splits.train.feature_names == ('a', 'b', 'c', 'z')
   assert splits.train.target_names == ('y',)
   assert splits.eval.feature_names == ('a', 'b', 'c', 'z')
@@ -65,7 +69,7 @@ def test_splits_hold_the_files_rows_in_order_with_their_names(tmp_path, files):
 
 def test_two_targets_and_explicit_features(tmp_path, files):
   train, _, train_path, eval_path = files
-  splits = input_pipeline.load_splits(
+  splits = _load(
       _dataset(tmp_path, train_path, eval_path, targets=('z', 'y'),
                features=('b', 'a')))
   assert splits.train.feature_names == ('b', 'a')
@@ -80,7 +84,7 @@ def test_parquet_and_csv_files_mix(tmp_path, files):
   train, eval_, _, eval_path = files
   train_path = str(tmp_path / 'train.parquet')
   train.to_parquet(train_path, index=False)
-  splits = input_pipeline.load_splits(_dataset(tmp_path, train_path, eval_path))
+  splits = _load(_dataset(tmp_path, train_path, eval_path))
   np.testing.assert_array_equal(
       splits.train.x_NxF, train[['a', 'b', 'c', 'z']].to_numpy(np.float32))
   assert splits.eval.num_examples == len(eval_)
@@ -90,7 +94,7 @@ def test_unchanged_files_are_reused_and_changed_ones_prepared_again(
     tmp_path, files, monkeypatch):
   train, _, train_path, eval_path = files
   dataset = _dataset(tmp_path, train_path, eval_path)
-  input_pipeline.load_splits(dataset)
+  _load(dataset)
   [first_key] = _prepared_keys(tmp_path)
 
   def fail(*args, **kwargs):
@@ -100,8 +104,8 @@ def test_unchanged_files_are_reused_and_changed_ones_prepared_again(
   moved = str(tmp_path / 'moved.csv')
   os.rename(train_path, moved)
   with monkeypatch.context() as patch:
-    patch.setattr(table_files, 'read_training_tables', fail)
-    splits = input_pipeline.load_splits(
+    patch.setattr(columns, 'read_training_tables', fail)
+    splits = _load(
         _dataset(tmp_path, moved, eval_path))
   assert _prepared_keys(tmp_path) == [first_key]
   assert splits.train.num_examples == 40
@@ -109,12 +113,12 @@ def test_unchanged_files_are_reused_and_changed_ones_prepared_again(
   changed = train.copy()
   changed.loc[5, 'a'] = 123.0
   changed.to_csv(moved, index=False)
-  splits = input_pipeline.load_splits(_dataset(tmp_path, moved, eval_path))
+  splits = _load(_dataset(tmp_path, moved, eval_path))
   assert len(_prepared_keys(tmp_path)) == 2
   assert splits.train.x_NxF[5, 0] == 123.0
 
   # A different column selection of the same files is another dataset.
-  input_pipeline.load_splits(
+  _load(
       _dataset(tmp_path, moved, eval_path, features=('a',)))
   assert len(_prepared_keys(tmp_path)) == 3
 
@@ -123,12 +127,12 @@ def test_tables_are_parsed_once_and_again_after_a_change(tmp_path, files,
                                                          monkeypatch):
   train, _, train_path, eval_path = files
   dataset = _dataset(tmp_path, train_path, eval_path)
-  first = input_pipeline.load_splits(dataset)
+  first = _load(dataset)
   parsed = []
   load_table = tables.load_table
   monkeypatch.setattr(tables, 'load_table',
                       lambda *args: parsed.append(args[1]) or load_table(*args))
-  again = input_pipeline.load_splits(dataset)
+  again = _load(dataset)
   assert parsed == []  # both splits came from the kept numpy copies
   np.testing.assert_array_equal(again.train.x_NxF, first.train.x_NxF)
   np.testing.assert_array_equal(again.eval.y_NxT, first.eval.y_NxT)
@@ -137,7 +141,7 @@ def test_tables_are_parsed_once_and_again_after_a_change(tmp_path, files,
   changed = train.copy()
   changed.loc[0, 'b'] = -7.0
   changed.to_csv(train_path, index=False)
-  splits = input_pipeline.load_splits(dataset)
+  splits = _load(dataset)
   assert parsed == ['train', 'test']  # a new dataset, parsed afresh
   assert splits.train.x_NxF[0, 1] == -7.0
   np.testing.assert_array_equal(splits.train.x_NxF[1:], first.train.x_NxF[1:])
@@ -148,8 +152,8 @@ def test_bad_file_fails_before_anything_is_prepared(tmp_path, files):
   eval_.loc[6, 'c'] = np.nan
   eval_path = str(tmp_path / 'bad_eval.csv')
   eval_.to_csv(eval_path, index=False)
-  with pytest.raises(UsageError) as e:
-    input_pipeline.load_splits(_dataset(tmp_path, train_path, eval_path))
+  with pytest.raises(DataError) as e:
+    _load(_dataset(tmp_path, train_path, eval_path))
   assert f"'{eval_path}' (dataset.eval_path), column 'c', data row 7" in str(
       e.value)
   assert not (tmp_path / 'tfds' / 'csv_regression').exists()
@@ -158,9 +162,9 @@ def test_bad_file_fails_before_anything_is_prepared(tmp_path, files):
 def test_missing_file_is_named(tmp_path, files):
   _, _, train_path, _ = files
   missing = str(tmp_path / 'missing.csv')
-  with pytest.raises(UsageError, match=r"missing\.csv' \(dataset.eval_path\) "
+  with pytest.raises(DataError, match=r"missing\.csv' \(dataset.eval_path\) "
                      'does not exist'):
-    input_pipeline.load_splits(_dataset(tmp_path, train_path, missing))
+    _load(_dataset(tmp_path, train_path, missing))
 
 
 @pytest.mark.parametrize('key,value,message', [
@@ -177,7 +181,7 @@ def test_validate_checks_the_csv_keys(key, value, message):
   config.dataset.target_columns = ('y',)
   config.dataset[key] = value
   with pytest.raises(UsageError, match=message):
-    config_lib.validate(config, num_devices=8)
+    config_lib.parse(config)
 
 
 def test_validate_accepts_a_complete_csv_config():
@@ -185,7 +189,7 @@ def test_validate_accepts_a_complete_csv_config():
   config.dataset.train_path = 'train.csv'
   config.dataset.eval_path = 'eval.csv'
   config.dataset.target_columns = ('y',)
-  config_lib.validate(config, num_devices=8)  # raises on any problem
+  config_lib.parse(config)  # raises on any problem
 
 
 def test_content_key_depends_on_bytes_and_selection_only():
@@ -235,7 +239,8 @@ def test_train_py_fits_a_csv_and_writes_metrics(tmp_path):
 
 
 # Each case fails at another stage: config check, file read, value check.
-# (Every other bad-data case is covered in-process, in test_table_files.)
+# (Every other bad-data case is covered in-process, in test_table_files and
+# test_columns.)
 @pytest.mark.parametrize('case', ['target_as_feature', 'missing_file',
                                   'non_numeric'])
 def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
@@ -269,3 +274,12 @@ def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
   assert last.startswith('error: ') and expected in last, last
   assert result.stderr.count('error: ') == 1
   assert not workdir.exists()
+
+
+def test_the_builder_is_named_and_versioned_as_the_dataset():
+  # The builder does not import csv_regression.py (which imports it): both
+  # write the name and version out, and they must agree.
+  from input_pipeline import csv_regression_builder  # noqa: PLC0415
+  builder = csv_regression_builder.CsvRegression
+  assert builder.name == csv_regression.NAME
+  assert str(builder.VERSION) == csv_regression.VERSION

@@ -1,15 +1,8 @@
-"""Host-side metric sums and the writers of logged scalars."""
+"""Host-side metric sums, and the bound on device work in flight."""
 
-import logging
-import os
-
-import jax.numpy as jnp
 import numpy as np
-import pytest
-from tensorboard.backend.event_processing import event_accumulator
-from tensorboard.util import tensor_util
 
-from meshfit import metrics
+from meshfit import in_flight, metrics
 
 
 def _sums(count: float) -> metrics.RegressionSums:
@@ -25,7 +18,7 @@ def test_host_sum_adds_every_batch_with_at_most_two_in_flight(monkeypatch):
     fetched.append(x)
     return x
 
-  monkeypatch.setattr(metrics.jax, 'device_get', device_get)
+  monkeypatch.setattr(in_flight.jax, 'device_get', device_get)
 
   def dispatched():
     for i in range(10):
@@ -33,7 +26,8 @@ def test_host_sum_adds_every_batch_with_at_most_two_in_flight(monkeypatch):
       assert i - len(fetched) <= 2, (i, len(fetched))
       yield _sums(i)
 
-  total = metrics.host_sum(dispatched(), 2, max_in_flight=2)
+  assert in_flight.MAX_IN_FLIGHT == 2
+  total = metrics.host_sum(dispatched(), 2)
   assert len(fetched) == 10
   assert total.count == sum(range(10)) and total.count.dtype == np.float64
   np.testing.assert_array_equal(total.sae_T, [20.0, 20.0])
@@ -41,91 +35,12 @@ def test_host_sum_adds_every_batch_with_at_most_two_in_flight(monkeypatch):
 
 def test_fetched_keeps_order_and_at_most_two_in_flight(monkeypatch):
   got = []
-  monkeypatch.setattr(metrics.jax, 'device_get', lambda x: got.append(x) or x)
+  monkeypatch.setattr(in_flight.jax, 'device_get',
+                      lambda x: got.append(x) or x)
 
   def dispatched():
     for i in range(7):
       assert i - len(got) <= 2, (i, len(got))
       yield i
 
-  assert list(metrics.fetched(dispatched(), 2)) == list(range(7))
-
-
-def _tensorboard_scalars(logdir) -> dict[str, dict[int, float]]:
-  """Every scalar of `logdir` as TensorBoard's own reader finds it."""
-  acc = event_accumulator.EventAccumulator(
-      str(logdir), size_guidance={event_accumulator.TENSORS: 0})
-  acc.Reload()
-  out = {}
-  for tag in acc.Tags()['tensors']:
-    assert acc.SummaryMetadata(tag).plugin_data.plugin_name == 'scalars'
-    out[tag] = {}
-    for event in acc.Tensors(tag):
-      value = tensor_util.make_ndarray(event.tensor_proto)
-      assert value.shape == () and value.dtype == np.float32
-      out[tag][event.step] = float(value)
-  return out
-
-
-def test_tensorboard_writer_events_are_read_back_by_tensorboard(tmp_path):
-  writer = metrics.TensorBoardWriter(str(tmp_path / 'run'))
-  writer.write_scalars(10, {'train/loss': np.float32(0.5), 'lr': 1e-3})
-  writer.write_scalars(20, {'train/loss': jnp.asarray(0.25)})
-  writer.flush()
-  writer.write_scalars(30, {'eval/rmse': 1.5})
-  writer.close()
-  assert _tensorboard_scalars(tmp_path / 'run') == {
-      'train/loss': {10: 0.5, 20: 0.25},
-      'lr': {10: pytest.approx(1e-3, rel=1e-7)},
-      'eval/rmse': {30: 1.5}}
-
-
-def test_two_tensorboard_writers_in_one_second_keep_both_files(tmp_path):
-  first = metrics.TensorBoardWriter(str(tmp_path))
-  second = metrics.TensorBoardWriter(str(tmp_path))
-  first.write_scalars(1, {'a': 1.0})
-  second.write_scalars(2, {'a': 2.0})
-  first.close()
-  second.close()
-  assert first.path != second.path
-  assert _tensorboard_scalars(tmp_path) == {'a': {1: 1.0, 2: 2.0}}
-
-
-def test_create_writer_sends_scalars_to_every_destination(tmp_path, caplog):
-  caplog.set_level(logging.INFO)
-  writer = metrics.create_writer(str(tmp_path), is_main=True)
-  writer.write_scalars(7, {'train/loss': np.float32(0.125), 'eval/r2': 0.5})
-  writer.close()
-  assert metrics.read_jsonl(str(tmp_path / 'metrics.jsonl')) == [
-      {'step': 7, 'train/loss': 0.125, 'eval/r2': 0.5}]
-  assert _tensorboard_scalars(tmp_path) == {'train/loss': {7: 0.125},
-                                            'eval/r2': {7: 0.5}}
-  assert '[7] eval/r2=0.5, train/loss=0.125' in caplog.text
-
-
-def test_other_processes_only_log(tmp_path, caplog):
-  caplog.set_level(logging.INFO)
-  writer = metrics.create_writer(str(tmp_path), is_main=False)
-  writer.write_scalars(3, {'train/loss': 2.0})
-  writer.close()
-  assert os.listdir(tmp_path) == []
-  assert '[3] train/loss=2' in caplog.text
-
-
-def test_async_writer_keeps_order_and_raises_a_failed_write(tmp_path):
-  path = str(tmp_path / 'metrics.jsonl')
-  writer = metrics.AsyncWriter(metrics.JsonlWriter(path))
-  for step in range(1, 51):
-    writer.write_scalars(step, {'a': jnp.float32(step) / 2})
-  writer.flush()
-  assert [(r['step'], r['a']) for r in metrics.read_jsonl(path)] == [
-      (s, s / 2) for s in range(1, 51)]
-
-  class Broken(metrics.ScalarWriter):
-    def write_scalars(self, step, scalars):
-      raise OSError('disk full')
-  broken = metrics.AsyncWriter(Broken())
-  broken.write_scalars(1, {'a': 1.0})
-  with pytest.raises(OSError, match='disk full'):
-    broken.flush()
-  writer.close()
+  assert list(in_flight.fetched(dispatched(), 2)) == list(range(7))

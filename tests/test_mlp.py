@@ -10,7 +10,8 @@ import pytest
 from flax import nnx
 
 from configs import default
-from meshfit import config_lib, sharding, state as state_lib, steps, train_lib
+from meshfit import (config as config_lib, runtime, sharding,
+                     state as state_lib, steps)
 from meshfit.errors import UsageError
 from meshfit.normalization import Normalizer
 from models import mlp
@@ -21,7 +22,8 @@ def _model(dtype: str, param_dtype: str = 'float32',
            hidden_sizes=(128, 128)) -> Mlp:
   config = MlpConfig(hidden_sizes=hidden_sizes, dtype=dtype,
                      param_dtype=param_dtype)
-  return state_lib.ModelSpec(config, num_features=10, num_targets=2).build(0)
+  return state_lib.Architecture(config, num_features=10,
+                                num_targets=2).build(0)
 
 
 def _x_BxF(batch: int = 512) -> jax.Array:
@@ -58,18 +60,13 @@ def test_param_dtype_sets_how_parameters_are_stored():
   assert model(_x_BxF()).dtype == jnp.float32
 
 
-def test_unknown_dtype_is_refused():
-  with pytest.raises(ValueError, match='float16'):
-    _model('float16')
-
-
 @pytest.mark.parametrize('key', ['model.dtype', 'model.param_dtype'])
 def test_validate_refuses_unknown_dtype(key):
   config = default.get_config()
   section, name = key.split('.')
   config[section][name] = 'float64'
   with pytest.raises(UsageError, match=key):
-    config_lib.validate(config, num_devices=1)
+    config_lib.parse(config)
 
 
 def _train_losses(dtype: str, num_steps: int) -> tuple[np.ndarray, dict]:
@@ -79,13 +76,13 @@ def _train_losses(dtype: str, num_steps: int) -> tuple[np.ndarray, dict]:
   config.model.dtype = dtype
   config.optimizer.schedule = 'constant'
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
-  setup = train_lib.make_setup(config, num_features=10, num_targets=1,
-                               mesh=mesh)
+  setup = runtime.make_setup(config_lib.parse(config), num_features=10,
+                             num_targets=1, mesh=mesh)
   rng = np.random.default_rng(0)
   x_BxF = rng.standard_normal((256, 10)).astype(np.float32)
   y_Bx1 = (np.sin(x_BxF[:, :1]) + x_BxF[:, 1:2] ** 2).astype(np.float32)
   norm = Normalizer.fit(x_BxF, y_Bx1, True)
-  state = state_lib.create_train_state(setup.spec, setup.tx, mesh, 0, norm)
+  state = state_lib.create_train_state(setup.arch, setup.tx, mesh, 0, norm)
   train_step = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
                                     mesh, config.log_every_steps)
   batch = {'x': jnp.asarray(x_BxF), 'y': jnp.asarray(y_Bx1)}
@@ -230,8 +227,8 @@ def test_every_bf16_training_matmul_runs_in_bfloat16():
   """No dot of the backward pass is upcast to float32 (the slow path)."""
   # XLA:CPU keeps dots over 2 targets in float32 on its own accord (tiny).
   config = MlpConfig(hidden_sizes=(64, 64), dtype='bfloat16')
-  model = state_lib.ModelSpec(config, num_features=10,
-                              num_targets=16).build(0)
+  model = state_lib.Architecture(config, num_features=10,
+                                 num_targets=16).build(0)
   graphdef, params = nnx.split(model, nnx.Param)
   x_BxF = _x_BxF(256)
 
@@ -251,14 +248,14 @@ def _train_on_mesh(mesh, dtype: str, num_steps: int) -> tuple[np.ndarray,
   config.model.hidden_sizes = (64, 64, 64)
   config.model.dtype = dtype
   config.optimizer.schedule = 'constant'
-  setup = train_lib.make_setup(config, num_features=10, num_targets=2,
-                               mesh=mesh)
+  setup = runtime.make_setup(config_lib.parse(config), num_features=10,
+                             num_targets=2, mesh=mesh)
   rng = np.random.default_rng(0)
   x_BxF = rng.standard_normal((64, 10)).astype(np.float32)
   y_BxT = np.concatenate([np.sin(x_BxF[:, :1]), x_BxF[:, 1:2] ** 2],
                          axis=1).astype(np.float32)
   norm = Normalizer.fit(x_BxF, y_BxT, True)
-  state = state_lib.create_train_state(setup.spec, setup.tx, mesh, 0, norm)
+  state = state_lib.create_train_state(setup.arch, setup.tx, mesh, 0, norm)
   train_step = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
                                     mesh, config.log_every_steps)
   batch_sharding = sharding.batch_sharding(mesh)

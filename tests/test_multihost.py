@@ -18,7 +18,7 @@ import time
 import pytest
 
 from configs import default
-from meshfit import metrics, train_lib
+from meshfit import loop, writers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_TIMEOUT_S = 300
@@ -146,11 +146,11 @@ def _train_in_process(data_dir: str, workdir: str, **changes) -> None:
     for p in parents:
       node = node[p]
     node[leaf] = value
-  train_lib.train_and_evaluate(config, workdir)
+  loop.train_and_evaluate(config, workdir)
 
 
 def _scalars(workdir: str, name: str) -> dict[int, float]:
-  records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  records = writers.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   steps = [r['step'] for r in records if name in r]
   assert len(steps) == len(set(steps)), f'{name} logged twice: {steps}'
   return {r['step']: r[name] for r in records if name in r}

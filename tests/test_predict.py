@@ -1,4 +1,5 @@
-"""--mode=predict end to end, and the pictures that eval and training draw."""
+"""--mode=predict end to end, its output file, and the pictures that eval and
+training draw."""
 
 import functools
 import json
@@ -10,7 +11,8 @@ import pandas as pd
 import pytest
 
 from cli_helpers import regression_frame, run_train
-from meshfit import predict_lib
+from input_pipeline import table_files
+from meshfit import predict
 from meshfit.errors import UsageError
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -146,7 +148,7 @@ def test_bad_predict_requests_exit_2_and_write_nothing(csv_run, case,
 
 def test_a_checkpoint_without_column_names_is_refused():
   with pytest.raises(UsageError, match='does not record the column names'):
-    predict_lib.column_names({'config': {}, 'data_position': 0}, 5, 'ckpts')
+    predict.column_names({'config': {}, 'data_position': 0}, 5, 'ckpts')
 
 
 def _png_size(path) -> tuple[int, int]:
@@ -179,22 +181,66 @@ def test_synthetic_runs_predict_from_x0_x9_style_columns(tmp_path):
   """Generated datasets have no file: their names are x0.. and y."""
   from configs import linear  # noqa: PLC0415
   from input_pipeline import tables  # noqa: PLC0415
-  from meshfit import train_lib  # noqa: PLC0415
+  from meshfit import evaluate, loop  # noqa: PLC0415
   config = linear.get_config()
   config.dataset.data_dir = str(tmp_path / 'tfds')
   config.num_train_steps = 50
   workdir = str(tmp_path / 'run')
-  train_lib.train_and_evaluate(config, workdir)
-  scores = train_lib.evaluate(config, workdir)
+  loop.train_and_evaluate(config, workdir)
+  scores = evaluate.evaluate(config, workdir)
   builder = tables.prepare(config.dataset.name, config.dataset.data_dir)
   test = tables.load_table(builder, 'test')
   assert test.feature_names == ('x0',) and test.target_names == ('y',)
   pd.DataFrame({'y': test.y_NxT[:, 0], 'x0': test.x_NxF[:, 0]}).to_csv(
       tmp_path / 'test.csv', index=False)
-  summary = predict_lib.predict(config, workdir, str(tmp_path / 'test.csv'),
-                                str(tmp_path / 'pred.csv'))
+  summary = predict.predict(config, workdir, str(tmp_path / 'test.csv'),
+                            str(tmp_path / 'pred.csv'))
   assert summary['columns'] == ['y_pred']
   pred = pd.read_csv(tmp_path / 'pred.csv')['y_pred'].to_numpy(np.float64)
   rmse = np.sqrt(np.mean((pred - test.y_NxT[:, 0]) ** 2))
   assert rmse == pytest.approx(scores['rmse'], rel=1e-6)
   assert os.path.exists(os.path.join(workdir, 'loss_curve.png'))
+
+
+@pytest.mark.parametrize('suffix', ['.csv', '.parquet'])
+def test_predictions_round_trip_with_kept_columns(tmp_path, suffix):
+  frame = _frame(7, 0)
+  path = str(tmp_path / f'in{suffix}')
+  if suffix == '.parquet':
+    frame.to_parquet(path, index=False)
+  else:
+    frame.to_csv(path, index=False)
+  keep = table_files.pass_through(table_files.read_frame(path), ['id', 'b'],
+                                  path)
+  rng = np.random.default_rng(1)
+  pred_Nx2 = (rng.normal(size=(7, 2)) * 1e3).astype(np.float32)
+  out = str(tmp_path / f'pred{suffix}')
+  predict.write_predictions(out, pred_Nx2, ('y', 'z'), keep)
+  written = table_files.read_frame(out)
+  assert list(written.columns) == ['id', 'b', 'y_pred', 'z_pred']
+  assert written['id'].tolist() == frame['id'].tolist()
+  np.testing.assert_array_equal(written['b'], frame['b'])
+  np.testing.assert_array_equal(
+      table_files.numeric_matrix(written, ['y_pred', 'z_pred'], out),
+      pred_Nx2)
+  # Written under a temporary name and renamed: nothing else is left.
+  assert sorted(os.listdir(tmp_path)) == sorted([f'in{suffix}',
+                                                 f'pred{suffix}'])
+
+
+def test_predictions_without_kept_columns(tmp_path):
+  out = tmp_path / 'pred.csv'
+  predict.write_predictions(str(out), np.array([[1.5], [-2.0]], np.float32),
+                            ('price',))
+  assert out.read_text() == 'price_pred\n1.5\n-2.0\n'
+
+
+def test_writer_refuses_a_clashing_column_and_a_missing_directory(
+    tmp_path):
+  clash = pd.DataFrame({'y_pred': np.zeros(5)})
+  with pytest.raises(UsageError, match='cannot keep column'):
+    predict.write_predictions(str(tmp_path / 'p.csv'),
+                              np.zeros((5, 1), np.float32), ('y',), clash)
+  with pytest.raises(UsageError, match='does not exist; create it first'):
+    predict.write_predictions(str(tmp_path / 'no' / 'p.csv'),
+                              np.zeros((5, 1), np.float32), ('y',))

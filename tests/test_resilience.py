@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from meshfit import metrics
+from meshfit import writers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = int(os.environ.get('MESHFIT_TEST_SEED', random.randrange(1 << 30)))
@@ -44,7 +44,7 @@ def _run(args, timeout=300):
 
 def _records(workdir):
   path = os.path.join(workdir, 'metrics.jsonl')
-  return metrics.read_jsonl(path) if os.path.exists(path) else []
+  return writers.read_jsonl(path) if os.path.exists(path) else []
 
 
 def _last_step(workdir):

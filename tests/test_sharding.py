@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from configs import default
-from meshfit import optim, sharding, state as state_lib
+from meshfit import config as config_lib, optim, sharding, state as state_lib
 from meshfit.errors import UsageError
 from meshfit.normalization import Normalizer
 from models.mlp import MlpConfig
@@ -33,9 +33,9 @@ def test_bad_mesh_shapes_are_usage_errors(data, model, message):
 
 def _shardings(hidden, mesh):
   config = default.get_config()
-  spec = state_lib.ModelSpec(MlpConfig(hidden_sizes=hidden), 10, 1)
-  tx = optim.make_optimizer(config, 100)
-  return spec, tx, state_lib.state_shardings(spec, tx, mesh)
+  arch = state_lib.Architecture(MlpConfig(hidden_sizes=hidden), 10, 1)
+  tx = optim.make_optimizer(config_lib.parse(config).optimizer, 100)
+  return arch, tx, state_lib.state_shardings(arch, tx, mesh)
 
 
 def test_param_specs_alternate_column_and_row_split():
@@ -69,8 +69,8 @@ def test_optimizer_moments_follow_their_params():
 
 def test_state_is_created_in_its_shardings():
   mesh = sharding.make_mesh(4, 2)
-  spec, tx, shardings = _shardings((64, 64), mesh)
-  state = state_lib.create_train_state(spec, tx, mesh, 0,
+  arch, tx, shardings = _shardings((64, 64), mesh)
+  state = state_lib.create_train_state(arch, tx, mesh, 0,
                                        Normalizer.identity(10, 1))
   actual = jax.tree.map(lambda a: a.sharding.spec, state)
   expected = jax.tree.map(lambda s: s.spec, shardings)
@@ -91,10 +91,10 @@ def test_batches_are_split_over_data_and_replicated_over_model():
 def test_a_two_layer_block_needs_one_all_reduce():
   """Column- then row-split layers: one all-reduce in the forward pass."""
   mesh = sharding.make_mesh(4, 2)
-  spec, tx, shardings = _shardings((64, 64), mesh)
-  state = state_lib.create_train_state(spec, tx, mesh, 0,
+  arch, tx, shardings = _shardings((64, 64), mesh)
+  state = state_lib.create_train_state(arch, tx, mesh, 0,
                                        Normalizer.identity(10, 1))
-  graphdef = state_lib.graphdef(spec)
+  graphdef = state_lib.graphdef(arch)
   from flax import nnx  # noqa: PLC0415
 
   def forward(params, x):
@@ -139,13 +139,6 @@ def test_multiprocess_grid_keeps_model_within_a_host(processes, per_process,
   rows_per_process = shape[0] // processes
   np.testing.assert_array_equal(
       owner[:, 0], np.repeat(np.arange(processes), rows_per_process))
-
-
-def test_multiprocess_grid_refuses_model_across_hosts():
-  with pytest.raises(UsageError, match=(
-      "mesh.model=4 does not divide the 2 devices of each process: mesh axis "
-      "'model' must stay within a host")):
-    sharding.multiprocess_device_grid((2, 4), _hosts(4, 2))
 
 
 def test_multiprocess_grid_refuses_uneven_hosts():

@@ -14,9 +14,9 @@ import sys
 import pytest
 from cli_helpers import ROOT, regression_frame
 
-import input_pipeline
 from configs import csv as csv_config
 from configs import default
+from meshfit import config as config_lib, data
 
 SLOW_IMPORTS = ('tensorflow', 'tensorflow_datasets', 'pandas', 'matplotlib')
 
@@ -36,17 +36,19 @@ def _slow_imports_after(code: str) -> list[str]:
 
 def test_importing_the_pipeline_and_the_runtime_imports_none():
   assert _slow_imports_after(
-      'import input_pipeline, input_pipeline.loader, meshfit.checkpointing, '
-      'meshfit.config_lib, meshfit.metrics, meshfit.plots, meshfit.state, '
-      'meshfit.steps, meshfit.train_lib') == []
+      'import input_pipeline.columns, input_pipeline.csv_regression, '
+      'input_pipeline.order, input_pipeline.tables, meshfit.checkpointing, '
+      'meshfit.config_files, meshfit.evaluate, meshfit.loop, meshfit.metrics, '
+      'meshfit.plots, meshfit.predict, meshfit.state, meshfit.steps, '
+      'meshfit.writers') == []
 
 
 def _load_twice(dataset, train_rows: int) -> list[str]:
   """Slow imports of a fresh process loading `dataset` after this one did."""
-  input_pipeline.load_splits(dataset)  # prepares and parses, if needed
+  data.load_splits(config_lib.parse_dataset(dataset))  # prepares, parses
   return _slow_imports_after(
-      'import input_pipeline, ml_collections\n'
-      'splits = input_pipeline.load_splits(ml_collections.ConfigDict('
+      'from meshfit import config, data\n'
+      'splits = data.load_splits(config.parse_dataset('
       f'{dataset.to_dict()!r}))\n'
       f'assert splits.train.num_examples == {train_rows}')
 

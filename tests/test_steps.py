@@ -5,9 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import input_pipeline
-from input_pipeline import loader
-from meshfit import sharding, state as state_lib, steps, train_lib
+from meshfit import (call_plan, config as config_lib, data, feeding, runtime,
+                     sharding, state as state_lib, steps)
 from meshfit.normalization import Normalizer
 
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
@@ -16,28 +15,28 @@ MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
 def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
             resident=True, steps_per_call=8):
   """Losses of `num_steps` steps run in calls of `chunk_sizes` steps."""
-  setup = train_lib.make_setup(config, splits.train.x_NxF.shape[1],
-                               splits.train.y_NxT.shape[1], mesh=mesh)
+  setup = runtime.make_setup(config_lib.parse(config),
+                             splits.train.x_NxF.shape[1],
+                             splits.train.y_NxT.shape[1], mesh=mesh)
   norm = Normalizer.fit(splits.train.x_NxF, splits.train.y_NxT)
-  state = state_lib.create_train_state(setup.spec, setup.tx, mesh,
+  state = state_lib.create_train_state(setup.arch, setup.tx, mesh,
                                        config.seed, norm)
-  step_fn = steps.jit_train_steps(setup.graphdef, setup.tx, setup.shardings,
-                                  mesh, config.log_every_steps)
+  step_fn = steps.jit_train_call(setup.graphdef, setup.tx, setup.shardings,
+                                 mesh, config.log_every_steps)
   if chunk_sizes is None:
-    chunk_sizes = [n for _, n in loader.chunk_plan(0, num_steps,
-                                                   steps_per_call)]
+    chunk_sizes = list(call_plan.plan_calls(0, num_steps, steps_per_call))
   assert sum(chunk_sizes) == num_steps
-  batches = loader.TrainLoader(
+  feed = feeding.TrainFeed(
       splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
-      seed=config.seed, mesh=mesh, chunk_sizes=chunk_sizes,
-      steps_per_call=steps_per_call, resident=resident)
-  table_z = (steps.jit_standardize(mesh)(state.norm, batches.device_table())
+      seed=config.seed, mesh=mesh, steps_per_call=steps_per_call,
+      resident=resident)
+  table_z = (steps.jit_standardize(mesh)(state.norm, feed.device_table())
              if resident else {})
   losses = []
-  for n, chunk in batches:
+  for n, chunk in feed.chunks(chunk_sizes):
     state, losses_K, _ = step_fn(state, table_z, chunk, np.int32(n))
     losses.extend(np.asarray(losses_K)[:n])
-  batches.close()
+  feed.close()
   return np.array(losses), state
 
 
@@ -45,7 +44,7 @@ def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
 def one_device_run(request):
   config = request.getfixturevalue('small_config')
   config.model.hidden_sizes = (64, 64)
-  splits = input_pipeline.load_splits(config.dataset)
+  splits = data.load_splits(config_lib.parse_dataset(config.dataset))
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
   return config, splits, _losses(config, splits, mesh, 40)
 
@@ -95,20 +94,20 @@ def test_streamed_batches_train_like_resident_ones(one_device_run):
 def test_one_step_per_call_matches_the_single_step(one_device_run):
   config, splits, (expected, _) = one_device_run
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
-  setup = train_lib.make_setup(config, 10, 1, mesh=mesh)
+  setup = runtime.make_setup(config_lib.parse(config), 10, 1, mesh=mesh)
   state = state_lib.create_train_state(
-      setup.spec, setup.tx, mesh, config.seed,
+      setup.arch, setup.tx, mesh, config.seed,
       Normalizer.fit(splits.train.x_NxF, splits.train.y_NxT))
   step_fn = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
                                  mesh, config.log_every_steps)
-  batches = loader.TrainLoader(
+  feed = feeding.TrainFeed(
       splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
-      seed=config.seed, mesh=mesh, chunk_sizes=[1] * 10, steps_per_call=1,
-      resident=False)
+      seed=config.seed, mesh=mesh, steps_per_call=1, resident=False)
   losses = []
-  for _, chunk in batches:
+  for _, chunk in feed.chunks([1] * 10):
     state, loss = step_fn(state, {k: chunk[k][0] for k in ('x', 'y')})
     losses.append(float(loss))
+  feed.close()
   np.testing.assert_allclose(losses, expected[:10], rtol=1e-6)
 
 
@@ -122,11 +121,10 @@ def test_train_metrics_average_the_logging_window(one_device_run):
 
 def test_eval_step_matches_numpy(one_device_run):
   config, splits, (_, state) = one_device_run
-  setup = train_lib.make_setup(config, 10, 1,
-                               mesh=sharding.make_mesh(4, 2))
+  setup = runtime.make_setup(config_lib.parse(config), 10, 1,
+                             mesh=sharding.make_mesh(4, 2))
   state = jax.device_put(state, setup.shardings)
-  result = train_lib.evaluate_table(setup, state, splits.eval,
-                                    batch_size=24)
+  result = runtime.evaluate_table(setup, state, splits.eval, batch_size=24)
   pred = np.asarray(steps.predict(setup.graphdef, state,
                                   splits.eval.x_NxF))
   err = pred[:, 0] - splits.eval.y_NxT[:, 0]

@@ -12,7 +12,7 @@ import tensorflow_datasets as tfds
 
 import input_pipeline.synthetic_regression  # noqa: F401  Registers the builder.
 from input_pipeline import tables
-from meshfit.errors import UsageError
+from input_pipeline.errors import DataError
 
 
 @pytest.fixture(scope='module')
@@ -80,7 +80,7 @@ def test_prepare_reuses_prepared_data(linear, data_dir):
 
 
 def test_unknown_dataset_lists_known_names(data_dir):
-  with pytest.raises(UsageError) as info:
+  with pytest.raises(DataError) as info:
     tables.prepare('synthetic_regression/cubic', str(data_dir))
   message = str(info.value)
   assert "'synthetic_regression/cubic'" in message
@@ -90,7 +90,7 @@ def test_unknown_dataset_lists_known_names(data_dir):
 
 @pytest.mark.parametrize('split', ['validation', 'tran', 'train[:200%]'])
 def test_unknown_split_lists_available_splits(linear, split):
-  with pytest.raises(UsageError, match=r'use one of: train, test') as info:
+  with pytest.raises(DataError, match=r'use one of: train, test') as info:
     tables.load_table(linear, split)
   assert repr(split) in str(info.value)
 
@@ -98,13 +98,13 @@ def test_unknown_split_lists_available_splits(linear, split):
 def test_data_dir_that_is_a_file_is_rejected(tmp_path):
   not_a_dir = tmp_path / 'data'
   not_a_dir.write_text('')
-  with pytest.raises(UsageError, match='is a file'):
+  with pytest.raises(DataError, match='is a file'):
     tables.prepare('synthetic_regression/linear', str(not_a_dir))
 
 
 def test_unprepared_builder_is_rejected(tmp_path):
   builder = tfds.builder('synthetic_regression/linear', data_dir=str(tmp_path))
-  with pytest.raises(UsageError, match=r'not prepared.*prepare\(\)'):
+  with pytest.raises(DataError, match=r'not prepared.*prepare\(\)'):
     tables.load_table(builder, 'train')
 
 
@@ -187,6 +187,6 @@ def test_split_that_cannot_be_kept_is_still_read(tmp_path, caplog):
 
 def test_unknown_split_is_not_kept(linear):
   directory = os.fspath(linear.data_dir)
-  with pytest.raises(UsageError, match='has no split'):
+  with pytest.raises(DataError, match='has no split'):
     tables.read_split(directory, 'validation')
   assert 'validation.npz' not in _parsed_files(directory)

@@ -11,13 +11,15 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from meshfit import checkpointing, config_lib, metrics, train_lib, workdir_lock
+from meshfit import (checkpointing, config as config_lib, config_files,
+                     evaluate, loop, workdir_lock, writers)
 from meshfit.errors import UsageError
+from meshfit.loss_watch import NonFiniteLossError
 
 
 def _losses(workdir):
   return {r['step']: r['train/loss']
-          for r in metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+          for r in writers.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
           if 'train/loss' in r}
 
 
@@ -36,7 +38,7 @@ def trained(tmp_path_factory, data_dir):
   config.optimizer.learning_rate = 1e-2
   config.mesh.model = 2
   workdir = str(tmp_path_factory.mktemp('run'))
-  final = train_lib.train_and_evaluate(config, workdir)
+  final = loop.train_and_evaluate(config, workdir)
   return config, workdir, final
 
 
@@ -54,13 +56,13 @@ def test_workdir_layout(trained):
   config, workdir, _ = trained
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [
       '100', '200']
-  saved = config_lib.load_json(os.path.join(workdir, 'config.json'))
+  saved = config_files.load_json(os.path.join(workdir, 'config.json'))
   assert saved == config
 
 
 def test_metrics_jsonl_has_every_scalar(trained):
   _, workdir, final = trained
-  records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  records = writers.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   train_steps = [r['step'] for r in records if 'train/loss' in r]
   assert train_steps == list(range(20, 201, 20))
   evals = [r for r in records if 'eval/rmse' in r]
@@ -81,7 +83,7 @@ def test_tensorboard_reader_finds_the_same_values(trained):
         tensor_util.make_ndarray(e.tensor_proto)))
             for e in acc.Tensors(tag)}
 
-  records = metrics.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  records = writers.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
   for tag in ('train/loss', 'eval/rmse'):
     expected = {r['step']: r[tag] for r in records if tag in r}
     got = series(tag)
@@ -92,15 +94,15 @@ def test_tensorboard_reader_finds_the_same_values(trained):
 
 def test_evaluate_writes_json_and_matches_on_other_meshes(trained):
   config, workdir, final = trained
-  result = train_lib.evaluate(config, workdir)
+  result = evaluate.evaluate(config, workdir)
   assert result['step'] == 200 and result['num_examples'] == 10_000
   with open(os.path.join(workdir, 'eval', 'step_200.json')) as f:
     assert json.load(f) == result
   assert result['rmse'] == pytest.approx(final['rmse'], rel=1e-6)
   for data, model in ((2, 4), (8, 1)):
-    other = config_lib.merge_eval_overrides(
+    other = config_files.merge_eval_overrides(
         config, _with_mesh(config, data, model), ['mesh.data', 'mesh.model'])
-    assert train_lib.evaluate(other, workdir)['rmse'] == pytest.approx(
+    assert evaluate.evaluate(other, workdir)['rmse'] == pytest.approx(
         final['rmse'], rel=1e-6)
 
 
@@ -112,9 +114,9 @@ def _with_mesh(config, data, model):
 
 def test_evaluate_an_older_step_and_a_missing_one(trained):
   config, workdir, _ = trained
-  assert train_lib.evaluate(config, workdir, step=100)['step'] == 100
+  assert evaluate.evaluate(config, workdir, step=100)['step'] == 100
   with pytest.raises(UsageError, match='available steps: 100, 200'):
-    train_lib.evaluate(config, workdir, step=150)
+    evaluate.evaluate(config, workdir, step=150)
 
 
 def test_stopped_run_resumes_where_it_stopped(small_config, tmp_path):
@@ -123,32 +125,32 @@ def test_stopped_run_resumes_where_it_stopped(small_config, tmp_path):
   small_config.optimizer.schedule = 'constant'
   small_config.checkpoint_every_steps = 15
   whole = str(tmp_path / 'whole')
-  train_lib.train_and_evaluate(small_config, whole)
+  loop.train_and_evaluate(small_config, whole)
 
   parts = str(tmp_path / 'parts')
   first = small_config.copy_and_resolve_references()
   first.num_train_steps = 40
-  train_lib.train_and_evaluate(first, parts)
+  loop.train_and_evaluate(first, parts)
   assert sorted(os.listdir(os.path.join(parts, 'checkpoints'))) == [
       '15', '30', '40']
   # As if killed after step 40 before saving anything after step 15: the
   # resume starts mid logging window and redoes steps 16..40.
   for step in ('30', '40'):
     shutil.rmtree(os.path.join(parts, 'checkpoints', step))
-  final = train_lib.train_and_evaluate(small_config, parts)
+  final = loop.train_and_evaluate(small_config, parts)
 
   assert _losses(parts) == _losses(whole)  # exactly, every logged step
   assert sorted(_losses(parts)) == list(range(10, 61, 10))
-  records = metrics.read_jsonl(os.path.join(parts, 'metrics.jsonl'))
+  records = writers.read_jsonl(os.path.join(parts, 'metrics.jsonl'))
   assert [r['step'] for r in records if 'eval/rmse' in r] == [30, 60]
   assert records[-1]['eval/rmse'] == final['rmse']
 
 
 def test_finished_run_does_no_more_steps(small_config, tmp_path):
   workdir = str(tmp_path)
-  train_lib.train_and_evaluate(small_config, workdir)
+  loop.train_and_evaluate(small_config, workdir)
   before = _losses(workdir)
-  again = train_lib.train_and_evaluate(small_config, workdir)
+  again = loop.train_and_evaluate(small_config, workdir)
   assert _losses(workdir) == before
   assert again['num_examples'] == 10_000
 
@@ -181,7 +183,7 @@ def test_each_bad_setting_is_a_usage_error(small_config, key, value, message,
     node = node[p]
   node[leaf] = value
   with pytest.raises(UsageError, match=message):
-    train_lib.train_and_evaluate(small_config, str(tmp_path / 'w'))
+    loop.train_and_evaluate(small_config, str(tmp_path / 'w'))
   assert not os.path.exists(tmp_path / 'w')  # nothing written
 
 
@@ -190,9 +192,10 @@ def test_hidden_width_must_split_over_model_axis(small_config, tmp_path):
   small_config.model.hidden_sizes = (30, 30)
   with pytest.raises(UsageError, match=r"model.hidden_sizes\[0\]=30 is not "
                      "divisible by the 4 devices of mesh axis 'model'"):
-    train_lib.train_and_evaluate(small_config, str(tmp_path))
+    loop.train_and_evaluate(small_config, str(tmp_path))
   # Odd layers are row-split: their own width is never split.
-  config_lib.validate(_hidden(small_config, (32, 30)), 8)
+  config_lib.check_devices(config_lib.parse(_hidden(small_config, (32, 30))),
+                           8)
 
 
 def _hidden(config, sizes):
@@ -202,7 +205,7 @@ def _hidden(config, sizes):
 
 def test_resume_refuses_a_config_that_changes_the_run(small_config, tmp_path):
   workdir = str(tmp_path)
-  train_lib.train_and_evaluate(small_config, workdir)
+  loop.train_and_evaluate(small_config, workdir)
   before = sorted(os.listdir(workdir)), _losses(workdir)
   for key, value in (('model.hidden_sizes', (16,)),
                      ('optimizer.name', 'sgd'),
@@ -216,28 +219,28 @@ def test_resume_refuses_a_config_that_changes_the_run(small_config, tmp_path):
     node[leaf] = value
     with pytest.raises(UsageError, match=rf'checkpoint of step 60 was trained '
                        rf'with a different config: {re.escape(key)} '):
-      train_lib.train_and_evaluate(changed, workdir)
+      loop.train_and_evaluate(changed, workdir)
     assert (sorted(os.listdir(workdir)), _losses(workdir)) == before
 
 
 def test_resume_accepts_safe_changes(small_config, tmp_path):
   workdir = str(tmp_path)
-  train_lib.train_and_evaluate(small_config, workdir)
+  loop.train_and_evaluate(small_config, workdir)
   longer = small_config.copy_and_resolve_references()
   longer.num_train_steps = 80
   longer.mesh.model = 2
   longer.log_every_steps = 20
   longer.eval_batch_size = 512
-  train_lib.train_and_evaluate(longer, workdir)
+  loop.train_and_evaluate(longer, workdir)
   assert max(_losses(workdir)) == 80
 
 
 def test_incomplete_checkpoint_is_skipped(small_config, tmp_path):
   workdir = str(tmp_path)
-  train_lib.train_and_evaluate(small_config, workdir)
+  loop.train_and_evaluate(small_config, workdir)
   os.remove(os.path.join(workdir, 'checkpoints', '60',
                          checkpointing.COMMIT_MARKER))
-  final = train_lib.train_and_evaluate(small_config, workdir)
+  final = loop.train_and_evaluate(small_config, workdir)
   assert os.path.isdir(os.path.join(workdir, 'damaged_checkpoints', '60'))
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [
       '20', '40', '60']
@@ -251,8 +254,8 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
   small_config.optimizer.learning_rate = 1e4
   small_config.checkpoint_every_steps = 1
   small_config.steps_per_call = 1  # every step's state is offered a save
-  with pytest.raises(train_lib.NonFiniteLossError) as info:
-    train_lib.train_and_evaluate(small_config, str(tmp_path))
+  with pytest.raises(NonFiniteLossError) as info:
+    loop.train_and_evaluate(small_config, str(tmp_path))
   error = info.value
   saved = sorted(int(s) for s in os.listdir(tmp_path / 'checkpoints'))
   # The state that produced the bad loss (step - 1) was saved, then set
@@ -264,7 +267,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(
   assert f'at step {error.step}' in message
   assert f'last good checkpoint is step {saved[-1]}' in message
   # The last good checkpoint holds a usable (finite) model.
-  result = train_lib.evaluate(small_config, str(tmp_path))
+  result = evaluate.evaluate(small_config, str(tmp_path))
   assert result['step'] == saved[-1] and np.isfinite(result['rmse'])
 
 
@@ -273,13 +276,13 @@ def test_a_stale_lock_is_taken_over_and_a_live_one_refused(small_config,
   lock = tmp_path / 'lock'
   lock.write_text(json.dumps({'host': socket.gethostname(), 'pid': 999999999,
                               'start_time': '1'}))
-  train_lib.train_and_evaluate(small_config, str(tmp_path))
+  loop.train_and_evaluate(small_config, str(tmp_path))
   assert not lock.exists()  # released at the end
   lock.write_text(json.dumps({
       'host': socket.gethostname(), 'pid': os.getpid(),
       'start_time': workdir_lock._start_time(os.getpid())}))
   with pytest.raises(UsageError, match=f'pid {os.getpid()}'):
-    train_lib.train_and_evaluate(small_config, str(tmp_path))
+    loop.train_and_evaluate(small_config, str(tmp_path))
   assert lock.exists()  # not ours to remove
 
 
@@ -287,7 +290,7 @@ def test_profile_window_writes_a_trace(small_config, tmp_path):
   small_config.num_train_steps = 30
   small_config.profile_start_step = 12
   small_config.profile_num_steps = 4
-  train_lib.train_and_evaluate(small_config, str(tmp_path))
+  loop.train_and_evaluate(small_config, str(tmp_path))
   traces = [os.path.join(d, f) for d, _, files in
             os.walk(tmp_path / 'profile') for f in files
             if f.endswith('.xplane.pb')]
@@ -299,7 +302,7 @@ def test_checkpoints_beyond_the_time_budget_are_skipped_and_reported(
   small_config.checkpoint_budget = 0.01
   small_config.checkpoint_every_steps = 5
   small_config.max_checkpoints_to_keep = 100
-  train_lib.train_and_evaluate(small_config, str(tmp_path))
+  loop.train_and_evaluate(small_config, str(tmp_path))
   written = sorted(int(s) for s in os.listdir(tmp_path / 'checkpoints'))
   # The first periodic one and the final one, and few in between: a write
   # takes far longer than 5 steps of this model.

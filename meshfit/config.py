@@ -1,0 +1,299 @@
+"""The run config, typed: a ConfigDict in, small frozen dataclasses out.
+
+`parse` turns the ConfigDict of `configs/` (or a config.json read back) into
+a `Config` and checks every key once, here; `check_devices` checks it
+against the devices at hand. Nothing after them re-checks: the rest of
+meshfit takes the typed sections it needs. Every problem raises UsageError
+with a message that names the key, the value and the fix; `train.py` turns
+it into `error: ...` and exit status 2.
+"""
+
+import dataclasses
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from input_pipeline import csv_regression, tables
+from meshfit import sharding
+from meshfit.errors import UsageError
+from models import mlp
+from models.mlp import MlpConfig
+
+OPTIMIZERS = ('sgd', 'adam', 'adamw')
+SCHEDULES = ('constant', 'warmup_cosine')
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetConfig:
+  """config.dataset: which data, and how it is read (configs/default.py)."""
+  name: str
+  data_dir: str
+  train_path: str
+  eval_path: str
+  target_columns: tuple[str, ...]
+  feature_columns: tuple[str, ...]
+  train_split: str
+  eval_split: str
+  standardize: bool
+  prefetch_batches: int
+  resident_table_mb: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """config.optimizer: optax optimizer and learning-rate schedule."""
+  name: str
+  learning_rate: float
+  schedule: str
+  warmup_steps: int
+  end_learning_rate_factor: float
+  weight_decay: float
+  momentum: float
+  grad_clip_norm: float
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """config.mesh: the (data, model) device mesh; -1 takes what is left."""
+  data: int
+  model: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """The whole run config; each key is declared in configs/default.py."""
+  seed: int
+  dataset: DatasetConfig
+  model: MlpConfig
+  optimizer: OptimizerConfig
+  batch_size: int
+  eval_batch_size: int
+  num_train_steps: int
+  steps_per_call: int
+  log_every_steps: int
+  eval_every_steps: int
+  checkpoint_every_steps: int
+  checkpoint_budget: float
+  max_checkpoints_to_keep: int
+  mesh: MeshConfig
+  compilation_cache_dir: str
+  plots: bool
+  profile_start_step: int
+  profile_num_steps: int
+
+  def to_dict(self) -> dict[str, Any]:
+    """The config as nested plain values (as config.json holds it)."""
+    return dataclasses.asdict(self)
+
+
+_SECTIONS = {'dataset': DatasetConfig, 'model': MlpConfig,
+             'optimizer': OptimizerConfig, 'mesh': MeshConfig}
+# Sequences arrive as lists from JSON; the config holds tuples.
+_TUPLES = ('dataset.target_columns', 'dataset.feature_columns',
+           'model.hidden_sizes')
+
+
+def _build(cls, raw: Mapping[str, Any], prefix: str = ''):
+  """`cls` from the keys of `raw` named as its fields (others ignored)."""
+  values = {}
+  for field in dataclasses.fields(cls):
+    key = f'{prefix}{field.name}'
+    if field.name not in raw:
+      raise UsageError(f'the config has no key {key!r}; start the config file '
+                       'from configs/default.py, which declares every key')
+    value = raw[field.name]
+    if not prefix and field.name in _SECTIONS:
+      value = _build(_SECTIONS[field.name], value, f'{field.name}.')
+    elif key in _TUPLES and isinstance(value, (list, tuple)):
+      value = tuple(value)
+    values[field.name] = value
+  return cls(**values)
+
+
+def _require(ok: bool, message: str) -> None:
+  if not ok:
+    raise UsageError(message)
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+def parse(raw: Mapping[str, Any] | Config) -> Config:
+  """Checks every key of `raw` and returns it typed.
+
+  Args:
+    raw: a ConfigDict (or the nested dict of a config.json) with every key
+      of configs/default.py; a `Config` is returned as it is.
+
+  Raises:
+    UsageError: the first problem found.
+  """
+  if isinstance(raw, Config):
+    return raw
+  config = _build(Config, raw)
+  _check_top(config)
+  _check_dataset(config.dataset)
+  _check_model(config.model)
+  _check_optimizer(config.optimizer)
+  return config
+
+
+def parse_dataset(raw: Mapping[str, Any]) -> DatasetConfig:
+  """Checks config.dataset alone and returns it typed (see `parse`)."""
+  dataset = _build(DatasetConfig, raw, 'dataset.')
+  _check_dataset(dataset)
+  return dataset
+
+
+def _check_top(config: Config) -> None:
+  _require(_is_int(config.seed), f'seed={config.seed!r} must be an integer')
+  for key in ('batch_size', 'eval_batch_size', 'num_train_steps',
+              'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
+              'max_checkpoints_to_keep', 'profile_num_steps'):
+    value = getattr(config, key)
+    _require(_is_int(value) and value > 0,
+             f'{key}={value!r} must be a positive integer')
+  for key in ('profile_start_step', 'steps_per_call'):
+    value = getattr(config, key)
+    _require(_is_int(value) and value >= 0,
+             f'{key}={value!r} must be an integer >= 0')
+  _require(_is_number(config.checkpoint_budget)
+           and 0 < config.checkpoint_budget <= 1,
+           f'checkpoint_budget={config.checkpoint_budget!r} must be in (0, 1]')
+  cache_dir = config.compilation_cache_dir
+  _require(isinstance(cache_dir, str)
+           and not os.path.isfile(os.path.expanduser(cache_dir)),
+           f'compilation_cache_dir={cache_dir!r} must be a directory path, '
+           "or '' to turn the cache off")
+  _require(isinstance(config.plots, bool),
+           f'plots={config.plots!r} must be True or False')
+
+
+def _check_dataset(dataset: DatasetConfig) -> None:
+  _require(dataset.name in tables.KNOWN_DATASETS,
+           f'dataset.name {dataset.name!r} is unknown; use one of '
+           f'{", ".join(tables.KNOWN_DATASETS)}')
+  _require(_is_int(dataset.prefetch_batches) and dataset.prefetch_batches > 0,
+           f'dataset.prefetch_batches={dataset.prefetch_batches!r} must be a '
+           'positive integer')
+  _require(_is_int(dataset.resident_table_mb)
+           and dataset.resident_table_mb >= 0,
+           f'dataset.resident_table_mb={dataset.resident_table_mb!r} must be '
+           'an integer >= 0')
+  if dataset.name != csv_regression.NAME:
+    return
+  for key in ('train_path', 'eval_path'):
+    value = getattr(dataset, key)
+    _require(isinstance(value, str) and value,
+             f'dataset.{key} is empty; csv_regression needs the path of a CSV '
+             f'or Parquet file with a header row, e.g. '
+             f'--config.dataset.{key}=data/{key.split("_")[0]}.csv')
+  for key in ('target_columns', 'feature_columns'):
+    value = getattr(dataset, key)
+    _require(isinstance(value, tuple),
+             f"dataset.{key}={value!r} must be a tuple of column names, e.g. "
+             f"--config.dataset.{key}='(\"a\", \"b\")'")
+  check_column_selection(dataset.target_columns, dataset.feature_columns)
+
+
+def check_column_selection(target_columns: Sequence[str],
+                           feature_columns: Sequence[str]) -> None:
+  """Targets given, no name twice, no target among the features.
+
+  Raises:
+    UsageError: naming the offending column and the setting to fix.
+  """
+  _require(bool(target_columns),
+           'dataset.target_columns is empty; name the column(s) to predict, '
+           "e.g. --config.dataset.target_columns='(\"y\",)'")
+  for key, columns in (('dataset.target_columns', target_columns),
+                       ('dataset.feature_columns', feature_columns)):
+    for column in columns:
+      _require(isinstance(column, str) and bool(column),
+               f'{key} holds {column!r}; give column names as non-empty '
+               'strings')
+      _require(list(columns).count(column) == 1,
+               f'{key} names column {column!r} twice; name it once')
+  both = [c for c in target_columns if c in feature_columns]
+  _require(not both,
+           f'column {both[0] if both else ""!r} is both a target '
+           '(dataset.target_columns) and a feature (dataset.feature_columns); '
+           'a model cannot take its own answer as input: remove it from '
+           'dataset.feature_columns')
+
+
+def _check_model(model: MlpConfig) -> None:
+  hidden = model.hidden_sizes
+  _require(isinstance(hidden, tuple)
+           and all(_is_int(h) and h > 0 for h in hidden),
+           f'model.hidden_sizes={hidden} must hold positive integers '
+           '(() is a linear model)')
+  _require(model.activation in mlp.ACTIVATIONS,
+           f'model.activation {model.activation!r} is unknown; use one of '
+           f'{", ".join(sorted(mlp.ACTIVATIONS))}')
+  _require(_is_number(model.dropout_rate) and 0.0 <= model.dropout_rate < 1.0,
+           f'model.dropout_rate={model.dropout_rate} must be in [0, 1)')
+  for key in ('dtype', 'param_dtype'):
+    value = getattr(model, key)
+    _require(value in mlp.DTYPES, f'model.{key} {value!r} is unknown; use one '
+             f'of {", ".join(mlp.DTYPES)}')
+
+
+def _check_optimizer(opt: OptimizerConfig) -> None:
+  _require(opt.name in OPTIMIZERS, f'optimizer.name {opt.name!r} is unknown; '
+           f'use one of {", ".join(OPTIMIZERS)}')
+  _require(opt.schedule in SCHEDULES, f'optimizer.schedule {opt.schedule!r} '
+           f'is unknown; use one of {", ".join(SCHEDULES)}')
+  _require(_is_number(opt.learning_rate) and opt.learning_rate > 0,
+           f'optimizer.learning_rate={opt.learning_rate} must be positive')
+  _require(_is_int(opt.warmup_steps) and opt.warmup_steps >= 0,
+           f'optimizer.warmup_steps={opt.warmup_steps} must be >= 0')
+  _require(_is_number(opt.end_learning_rate_factor)
+           and 0.0 <= opt.end_learning_rate_factor <= 1.0,
+           'optimizer.end_learning_rate_factor='
+           f'{opt.end_learning_rate_factor} must be in [0, 1]')
+  _require(_is_number(opt.weight_decay) and opt.weight_decay >= 0,
+           f'optimizer.weight_decay={opt.weight_decay} must be >= 0')
+  _require(_is_number(opt.momentum) and 0.0 <= opt.momentum < 1.0,
+           f'optimizer.momentum={opt.momentum} must be in [0, 1)')
+  _require(_is_number(opt.grad_clip_norm) and opt.grad_clip_norm >= 0,
+           f'optimizer.grad_clip_norm={opt.grad_clip_norm} must be >= 0 (0 '
+           'disables clipping)')
+
+
+def check_devices(config: Config, num_devices: int,
+                  devices_per_process: int | None = None) -> None:
+  """Checks the mesh, batch sizes and hidden widths against the devices.
+
+  Args:
+    config: a parsed config.
+    num_devices: devices in the job, over all hosts.
+    devices_per_process: devices of each process, when there are several
+      ('model' must fit inside one).
+
+  Raises:
+    UsageError: the first problem found.
+  """
+  data, model = sharding.mesh_shape(config.mesh.data, config.mesh.model,
+                                    num_devices)
+  if devices_per_process is not None and devices_per_process < num_devices:
+    sharding.check_model_within_process(model, devices_per_process)
+  for key in ('batch_size', 'eval_batch_size'):
+    value = getattr(config, key)
+    _require(value % data == 0,
+             f"{key} {value} is not divisible by the {data} devices of mesh "
+             f"axis 'data'; use a multiple of {data}")
+  for i, width in enumerate(config.model.hidden_sizes):
+    if mlp.HIDDEN_AXIS in mlp.hidden_axes(i)[1:]:
+      _require(width % model == 0,
+               f'model.hidden_sizes[{i}]={width} is not divisible by the '
+               f"{model} devices of mesh axis 'model' (hidden layer {i} is "
+               f'split over it); use a multiple of {model} or a smaller '
+               'mesh.model')

@@ -1,0 +1,183 @@
+"""The config saved with a run: config.json, eval overrides, resume checks.
+
+This is the one module that imports `configs/`: a workdir saved before a key
+existed takes that key's default from configs/default.py.
+"""
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import ml_collections
+
+from configs import default
+from meshfit import sharding
+from meshfit.config import Config
+from meshfit.errors import UsageError
+from meshfit.files import atomic_write
+
+# Keys that --mode=eval and --mode=predict may take from the command line:
+# they change how a saved model is evaluated, not what it is.
+EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
+             'dataset.eval_path', 'dataset.prefetch_batches', 'mesh.data',
+             'mesh.model', 'compilation_cache_dir', 'plots')
+
+# Keys a resumed run may change: they decide how long and how observably it
+# runs and where, not what the checkpointed state means. (num_train_steps
+# also stretches or shrinks the warmup_cosine schedule from that step on.)
+RESUME_SAFE_KEYS = EVAL_KEYS + (
+    'num_train_steps', 'log_every_steps', 'eval_every_steps',
+    'checkpoint_every_steps', 'max_checkpoints_to_keep', 'steps_per_call',
+    'checkpoint_budget',
+    'dataset.resident_table_mb', 'profile_start_step', 'profile_num_steps')
+
+
+def flatten(config: Mapping[str, Any] | ml_collections.ConfigDict,
+            prefix: str = '') -> dict[str, Any]:
+  """{'mesh.model': 1, ...}: every leaf under its dotted key."""
+  out = {}
+  for key, value in config.items():
+    if isinstance(value, (Mapping, ml_collections.ConfigDict)):
+      out.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def _tuples(value):
+  """JSON has no tuples; the config's sequences are tuples."""
+  if isinstance(value, list):
+    return tuple(_tuples(v) for v in value)
+  if isinstance(value, dict):
+    return {k: _tuples(v) for k, v in value.items()}
+  return value
+
+
+def save_json(config: Config, path: str) -> None:
+  """Writes the resolved config (atomically)."""
+  with atomic_write(path) as f:
+    json.dump(config.to_dict(), f, indent=2, sort_keys=True)
+    f.write('\n')
+
+
+def _with_defaults(saved: dict, defaults: dict) -> dict:
+  """`saved`, plus the keys it lacks taken from `defaults` (recursively)."""
+  merged = dict(saved)
+  for key, value in defaults.items():
+    if key not in merged:
+      merged[key] = value
+    elif isinstance(value, dict) and isinstance(merged[key], dict):
+      merged[key] = _with_defaults(merged[key], value)
+  return merged
+
+
+def load_json(path: str) -> ml_collections.ConfigDict:
+  """Reads a config written by `save_json`.
+
+  Keys added to configs/default.py since the run was saved take their
+  default values, so a workdir from an older meshfit still evaluates.
+
+  Raises:
+    UsageError: the file is missing or not JSON.
+  """
+  try:
+    with open(path, encoding='utf-8') as f:
+      return ml_collections.ConfigDict(_with_defaults(
+          _tuples(json.load(f)), default.get_config().to_dict()))
+  except FileNotFoundError:
+    raise UsageError(f'{path} does not exist: this workdir holds no run; '
+                     'train one first (python train.py --workdir=...)'
+                     ) from None
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise UsageError(f'{path} is not valid JSON ({e}); restore it or train '
+                     'into a new workdir') from None
+
+
+def merge_eval_overrides(saved: ml_collections.ConfigDict,
+                         given: ml_collections.ConfigDict,
+                         keys: Iterable[str]) -> ml_collections.ConfigDict:
+  """The saved run config with evaluation keys taken from `given`.
+
+  Args:
+    saved: the config the run was trained with.
+    given: the config from the command line.
+    keys: the dotted keys the user set; those that differ from `saved` must
+      be evaluation keys.
+
+  Returns:
+    A copy of `saved` with those keys from `given`.
+
+  Raises:
+    UsageError: a key that changes the model or data would be overridden.
+  """
+  saved_flat, given_flat = flatten(saved), flatten(given)
+  changed = sorted(k for k in keys
+                   if k in given_flat and given_flat[k] != saved_flat.get(k))
+  bad = [k for k in changed if k not in EVAL_KEYS]
+  if bad:
+    details = ', '.join(f'{k} (trained {saved_flat.get(k)!r}, given '
+                        f'{given_flat[k]!r})' for k in bad)
+    raise UsageError(
+        f'evaluation takes the model from the workdir and cannot change '
+        f'{details}; drop those overrides (only {", ".join(EVAL_KEYS)} may '
+        'change) or train a new run')
+  merged = ml_collections.ConfigDict(saved.to_dict())
+  for key in changed:
+    *parents, leaf = key.split('.')
+    node = merged
+    for p in parents:
+      node = node[p]
+    node[leaf] = given_flat[key]
+  return merged
+
+
+def fit_saved_mesh(config: ml_collections.ConfigDict, num_devices: int,
+                   devices_per_process: int | None = None
+                   ) -> ml_collections.ConfigDict:
+  """The saved mesh if it tiles these devices, else all devices on 'data'.
+
+  A model trained on a pod is often evaluated on a smaller machine: the
+  training mesh says nothing about how to evaluate, so an unfit one is
+  replaced rather than refused.
+
+  Args:
+    config: the saved run config.
+    num_devices: devices in the job, over all hosts.
+    devices_per_process: devices of each process, when there are several
+      ('model' must fit inside one).
+  """
+  try:
+    _, model = sharding.mesh_shape(config.mesh.data, config.mesh.model,
+                                   num_devices)
+    if devices_per_process is not None and devices_per_process < num_devices:
+      sharding.check_model_within_process(model, devices_per_process)
+    return config
+  except UsageError:
+    fitted = ml_collections.ConfigDict(config.to_dict())
+    fitted.mesh.data, fitted.mesh.model = -1, 1
+    return fitted
+
+
+def check_resume_compatible(trained: Mapping[str, Any], config: Config,
+                            step: int) -> None:
+  """Refuses to resume a checkpoint with a config that changes its meaning.
+
+  Args:
+    trained: the config saved in the checkpoint (as a plain dict).
+    config: the config of this run.
+    step: the checkpoint's step, for the message.
+
+  Raises:
+    UsageError: naming every differing key outside RESUME_SAFE_KEYS.
+  """
+  before = flatten(_tuples(dict(trained)))
+  now = flatten(config.to_dict())
+  differing = sorted(k for k in before.keys() & now.keys()
+                     if before[k] != now[k] and k not in RESUME_SAFE_KEYS)
+  if differing:
+    details = ', '.join(f'{k} (checkpoint {before[k]!r}, now {now[k]!r})'
+                        for k in differing)
+    raise UsageError(
+        f'the checkpoint of step {step} was trained with a different config: '
+        f'{details}; use a new --workdir for a new run, or restore those '
+        f'values (only {", ".join(RESUME_SAFE_KEYS)} may change on resume)')

@@ -1,0 +1,62 @@
+"""--mode=eval: a saved checkpoint's metrics on the eval split, and a figure."""
+
+import json
+import os
+
+import jax
+import ml_collections
+
+from meshfit import (checkpointing, compilation_cache, config as config_lib,
+                     data, plots, runtime)
+from meshfit.config import Config
+from meshfit.files import atomic_write
+
+
+def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
+             step: int | None = None) -> dict[str, float | int | str]:
+  """Evaluates a saved checkpoint on the eval split.
+
+  Writes eval/step_N.json and eval/step_N_predictions.png (predicted against
+  actual, and residuals).
+
+  Args:
+    config: the run's saved config (evaluation keys may be overridden).
+    workdir: the run's workdir.
+    step: the checkpoint to evaluate; None takes the newest intact one.
+
+  Returns:
+    {"step", "split", "num_examples", "mse", "rmse", "mae", "r2"}.
+  """
+  config = config_lib.parse(config)
+  config_lib.check_devices(config, jax.device_count())
+  compilation_cache.configure(config.compilation_cache_dir)
+  ckpt = checkpointing.Checkpointer(workdir, read_only=True)
+  try:
+    step = ckpt.step_to_restore(step)
+    table = data.load_eval_split(config.dataset)
+    setup = runtime.make_setup(config, table.x_NxF.shape[1],
+                               table.y_NxT.shape[1])
+    state = runtime.restore(ckpt, setup, step)
+  finally:
+    ckpt.close()
+  scores = runtime.evaluate_table(setup, state, table, config.eval_batch_size)
+  result = {'step': step, 'split': config.dataset.eval_split,
+            'num_examples': scores['num_examples'],
+            **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')}}
+  if jax.process_index() == 0:
+    os.makedirs(os.path.join(workdir, 'eval'), exist_ok=True)
+    with atomic_write(os.path.join(workdir, 'eval', f'step_{step}.json')) as f:
+      json.dump(result, f, indent=2)
+      f.write('\n')
+  if config.plots:
+    # Every process takes part in the predictions; process 0 draws them.
+    pred_NxT = runtime.predict_table(setup, state, table.x_NxF,
+                                     config.eval_batch_size)
+    if jax.process_index() == 0:
+      plots.write_predictions_figure(
+          os.path.join(workdir, 'eval', f'step_{step}_predictions.png'),
+          table.y_NxT, pred_NxT, table.target_names,
+          title=(f'{os.path.basename(os.path.abspath(workdir))}: step {step}'
+                 f', split {config.dataset.eval_split!r} of '
+                 f'{config.dataset.name}'))
+  return result

@@ -1,0 +1,196 @@
+"""Where a batch becomes a global, sharded `jax.Array`.
+
+Each process prepares only the rows that its own devices hold under the
+batch sharding and hands them to `jax.make_array_from_process_local_data`,
+which assembles the global array. Which examples a batch holds is decided by
+`input_pipeline.order`, the same on any number of processes and devices.
+
+Training runs several steps per jitted call, so the feed hands out chunks of
+batches. A table that fits is copied once to every device (resident) and a
+chunk is then only its batches' row indices, which the devices gather; a
+larger table is streamed, the chunk holding the rows, prepared ahead by a
+thread. One process with a resident table hands the jitted call numpy
+indices, which the call places by its in_shardings: cheaper than making a
+global array first, and that was most of a call's host cost.
+"""
+
+import collections
+from collections.abc import Iterable, Iterator
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from input_pipeline.order import ExampleOrder, Prefetcher
+from meshfit import sharding
+
+Chunk = dict[str, jax.Array | np.ndarray]
+
+
+def process_rows(batch_sharding: NamedSharding, global_rows: int) -> slice:
+  """The contiguous block of batch rows that this process's devices hold.
+
+  Raises:
+    ValueError: the sharding gives this process a non-contiguous set of rows
+      (a mesh whose 'data' axis interleaves processes).
+  """
+  index_map = batch_sharding.addressable_devices_indices_map((global_rows,))
+  rows = set()
+  for index in index_map.values():
+    rows.update(range(*index[0].indices(global_rows)))
+  start, stop = min(rows), max(rows) + 1
+  if len(rows) != stop - start:
+    raise ValueError('this process holds non-contiguous batch rows; build '
+                     'the mesh so that each process owns a block of the '
+                     "'data' axis")
+  return slice(start, stop)
+
+
+def fits_on_device(x_NxF: np.ndarray, y_NxT: np.ndarray,
+                   limit_mb: int) -> bool:
+  """Whether a training table is small enough to copy to every device."""
+  return x_NxF.nbytes + y_NxT.nbytes <= limit_mb * 2**20
+
+
+class TrainFeed:
+  """Deterministic chunks of training batches, one chunk per jitted call.
+
+  Each chunk holds the next `num_steps` (at most `steps_per_call`) global
+  batches of the stream, padded to `steps_per_call`, in one of two forms:
+
+  - resident (`device_table()` was uploaded): `{'idx': idx_KxB}`, the table
+    rows of each batch; the jitted call gathers them from the table on
+    device, so a call moves K x B int32 to the devices instead of K x B rows.
+  - streamed: `{'x': x_KxBxF, 'y': y_KxBxT}`, the rows themselves, for
+    tables too large to hold on every device.
+
+  Arrays are global, sharded as `chunk_sharding` (over 'data' along the
+  batch dimension), except that the indices of a single process are numpy
+  arrays, for a jitted call with that in_sharding to place. `position` is the
+  number of stream entries in the chunks handed out so far (prefetched ones
+  do not count).
+  """
+
+  def __init__(self, x_NxF: np.ndarray, y_NxT: np.ndarray, *,
+               batch_size: int, seed: int, mesh: Mesh, steps_per_call: int,
+               resident: bool, position: int = 0, prefetch: int = 2):
+    """Args:
+      x_NxF: the training features.
+      y_NxT: the training targets.
+      batch_size: global batch size.
+      seed: seeds the order of every epoch.
+      mesh: the device mesh; batches are split over its 'data' axis.
+      steps_per_call: the most steps of a call (the chunks' padded length).
+      resident: gather batches on device from `device_table()`; else stream
+        the rows from the host.
+      position: stream entries consumed before the first chunk.
+      prefetch: chunks of a streamed table a thread prepares ahead (0: each
+        when asked). A resident table's chunks are made when asked: they are
+        only indices, and handing them between threads costs more than
+        making them, while the devices run the previous call anyway.
+    """
+    self._x, self._y = x_NxF, y_NxT
+    self._order = ExampleOrder(x_NxF.shape[0], batch_size, seed)
+    self._k = steps_per_call
+    self.resident = resident
+    self._rows = process_rows(sharding.batch_sharding(mesh), batch_size)
+    self.chunk_sharding = sharding.chunk_sharding(mesh)
+    self._replicated = sharding.replicated(mesh)
+    self.position = position
+    self._next_produced = position
+    self._prefetch = prefetch if not resident else 0
+    self._prefetcher = (Prefetcher(self._produce, prefetch)
+                        if self._prefetch else None)
+
+  @property
+  def num_examples(self) -> int:
+    return self._x.shape[0]
+
+  def device_table(self) -> dict[str, jax.Array]:
+    """The whole table on every device (resident mode): {'x', 'y'}."""
+    return {name: jax.make_array_from_process_local_data(
+        self._replicated, table, table.shape)
+            for name, table in (('x', self._x), ('y', self._y))}
+
+  def indices(self, position: int, num_batches: int = 1) -> np.ndarray:
+    """Table rows of this process's part of `num_batches` batches (KxB)."""
+    return self._order.rows(position, num_batches, self._rows)
+
+  def _produce(self, num_steps: int) -> Chunk:
+    idx_KxB = np.zeros((self._k, self._rows.stop - self._rows.start),
+                       np.int32)
+    idx_KxB[:num_steps] = self.indices(self._next_produced, num_steps)
+    self._next_produced += num_steps * self._order.batch_size
+    if self.resident and jax.process_count() == 1:
+      return {'idx': idx_KxB}
+    local = ({'idx': idx_KxB} if self.resident else
+             {'x': self._x[idx_KxB], 'y': self._y[idx_KxB]})
+    return {name: jax.make_array_from_process_local_data(
+        self.chunk_sharding, a,
+        (self._k, self._order.batch_size) + a.shape[2:])
+            for name, a in local.items()}
+
+  def chunks(self, sizes: Iterable[int]) -> Iterator[tuple[int, Chunk]]:
+    """(steps, chunk) for each call length of `sizes`, in order.
+
+    `sizes` is drawn in the caller's thread, as the calls are taken (up to
+    `prefetch` + 1 ahead for a streamed table), so the loop that plans the
+    calls decides them itself.
+    """
+    sizes = iter(sizes)
+    planned = collections.deque()
+    while True:
+      if self._prefetcher is None:
+        num_steps = next(sizes, None)
+        if num_steps is None:
+          return
+        chunk = self._produce(num_steps)
+      else:
+        while len(planned) <= self._prefetch:
+          num_steps = next(sizes, None)
+          if num_steps is None:
+            break
+          planned.append(num_steps)
+          self._prefetcher.request(num_steps)
+        if not planned:
+          return
+        num_steps, chunk = planned.popleft(), self._prefetcher.get()
+      self.position += num_steps * self._order.batch_size
+      yield num_steps, chunk
+
+  def close(self):
+    if self._prefetcher:
+      self._prefetcher.close()
+
+
+def eval_batches(x_NxF: np.ndarray, y_NxT: np.ndarray | None, *,
+                 batch_size: int,
+                 batch_sharding: NamedSharding
+                 ) -> Iterator[dict[str, jax.Array]]:
+  """Every example of a split exactly once, in table order.
+
+  The last batch is padded with copies of row 0 and masked out, so every
+  process runs the same number of steps, ceil(N / batch_size), and each
+  example counts once whatever the batch size and device count.
+
+  Args:
+    x_NxF: features.
+    y_NxT: targets, or None for prediction (batches then have no 'y').
+    batch_size: global batch size.
+    batch_sharding: how a batch is laid out over the mesh.
+
+  Yields:
+    dicts `{'x': x_BxF, 'y': y_BxT, 'mask': mask_B}` of global arrays.
+  """
+  n = x_NxF.shape[0]
+  rows = process_rows(batch_sharding, batch_size)
+  for start in range(0, n, batch_size):
+    entries = start + np.arange(rows.start, rows.stop)
+    mask = entries < n
+    idx = np.where(mask, entries, 0)
+    local = {'x': x_NxF[idx], 'mask': mask}
+    if y_NxT is not None:
+      local['y'] = y_NxT[idx]
+    yield {name: jax.make_array_from_process_local_data(
+        batch_sharding, a, (batch_size,) + a.shape[1:])
+           for name, a in local.items()}

@@ -1,0 +1,73 @@
+"""Every training loss checked as it lands; nothing acts on an unchecked one.
+
+A call's losses are read once a later call has been dispatched (or at a
+drain), so the host never waits for the device just to check them, and the
+calls in flight stay within `in_flight.MAX_IN_FLIGHT`. What must not happen
+before a call's losses are known to be finite (its train-metrics log, a
+checkpoint of its state) is attached to it with `once_checked`.
+"""
+
+import os
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from meshfit.in_flight import InFlight
+
+
+class NonFiniteLossError(RuntimeError):
+  """Training produced a NaN or infinite loss; nothing after it was saved."""
+
+  def __init__(self, step: int, value: float):
+    super().__init__(f'loss is {value} at step {step}')
+    self.step = step
+    self.last_good: int | None = None  # set by the loop
+
+  def explain(self, workdir: str) -> str:
+    """The one-line error: the step, and the checkpoint to go back to."""
+    if self.last_good is None:
+      where = 'no checkpoint was written'
+    else:
+      path = os.path.join(workdir, 'checkpoints', str(self.last_good))
+      where = (f'the last good checkpoint is step {self.last_good} ({path}), '
+               'left untouched')
+    return (f'{self}: training stopped; {where}. Lower '
+            'optimizer.learning_rate or set optimizer.grad_clip_norm')
+
+
+class LossWatch:
+  """Bounds the calls in flight and stops at the first non-finite loss."""
+
+  def __init__(self):
+    # (first step, steps, losses_K, actions) of each dispatched call.
+    self._calls = InFlight()
+
+  def add(self, first_step: int, num_steps: int, losses_K: jax.Array) -> None:
+    """Records a dispatched call of steps first_step..+num_steps-1."""
+    self._calls.add((first_step, num_steps, losses_K, []))
+
+  def once_checked(self, action: Callable[[], None]) -> None:
+    """Runs `action` once the last added call's losses are known finite."""
+    self._calls.newest[3].append(action)
+
+  def settle(self) -> None:
+    """Checks the oldest calls until at most MAX_IN_FLIGHT are unread."""
+    for call in self._calls.excess():
+      self._check(*call)
+
+  def drain(self) -> None:
+    """Waits for every dispatched call; call before saving or evaluating."""
+    for call in self._calls.drain():
+      self._check(*call)
+
+  @staticmethod
+  def _check(first_step: int, num_steps: int, losses_K: jax.Array,
+             actions: list[Callable[[], None]]) -> None:
+    losses = np.asarray(losses_K)[:num_steps]
+    bad = np.flatnonzero(~np.isfinite(losses))
+    if bad.size:
+      raise NonFiniteLossError(first_step + int(bad[0]),
+                               float(losses[bad[0]]))
+    for action in actions:
+      action()

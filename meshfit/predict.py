@@ -1,0 +1,159 @@
+"""--mode=predict: a trained run's predictions for the rows of a user's table.
+
+The model's column names come from the run itself: every checkpoint's meta
+records the feature and target names it was trained with (the file's header
+for csv_regression; x0, x1, ... and y for the synthetic datasets), so a
+prediction needs neither the training file nor the TFDS copy of it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import jax
+import ml_collections
+import numpy as np
+
+from input_pipeline import table_files
+from meshfit import checkpointing, config as config_lib, runtime
+from meshfit.config import Config
+from meshfit.errors import UsageError
+from meshfit.files import atomic_write
+
+if TYPE_CHECKING:
+  import pandas as pd
+
+# Appended to a target's name for its column in a predictions table.
+PREDICTION_SUFFIX = '_pred'
+
+
+def column_names(meta: dict, step: int, directory: str
+                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+  """(feature names, target names) recorded in a checkpoint's meta.
+
+  Raises:
+    UsageError: the checkpoint predates the recording of names.
+  """
+  if 'feature_names' not in meta or 'target_names' not in meta:
+    raise UsageError(
+        f'the checkpoint of step {step} in {directory} does not record the '
+        'column names it was trained on (it was written by an older '
+        'meshfit); resume training for a step to write a checkpoint that '
+        'does, or pick another with --step')
+  return tuple(meta['feature_names']), tuple(meta['target_names'])
+
+
+def predict(config: ml_collections.ConfigDict | Config, workdir: str,
+            input_path: str, output_path: str, step: int | None = None,
+            keep_columns: Sequence[str] = ()) -> dict[str, object]:
+  """Writes a checkpoint's predictions for every row of `input_path`.
+
+  Args:
+    config: the run's saved config (evaluation keys may be overridden).
+    workdir: the run's workdir.
+    input_path: CSV or Parquet file holding (at least) the model's feature
+      columns, found by name; other columns are ignored.
+    output_path: CSV or Parquet file to write: the input's rows in order,
+      the `keep_columns`, then one `<target>_pred` column per target in the
+      targets' original units. Only process 0 writes it.
+    step: the checkpoint to use; None takes the newest intact one.
+    keep_columns: input columns copied unchanged into the output (ids, ...).
+
+  Returns:
+    {"step", "input", "output", "num_examples", "columns"}: what was written.
+
+  Raises:
+    UsageError: no such checkpoint, or an unwritable output.
+    DataError: a missing, unreadable or bad input file (a missing feature
+      column is named).
+  """
+  config = config_lib.parse(config)
+  config_lib.check_devices(config, jax.device_count())
+  if os.path.abspath(input_path) == os.path.abspath(output_path):
+    raise UsageError(f'--output {output_path!r} is the --input file; writing '
+                     'predictions there would replace the input; name another '
+                     'file')
+  ckpt = checkpointing.Checkpointer(workdir, read_only=True)
+  try:
+    step = ckpt.step_to_restore(step)
+    try:
+      meta = ckpt.restore_meta(step)
+    except checkpointing.DamagedCheckpointError as e:
+      raise UsageError(f'the checkpoint of step {step} in {ckpt.directory} '
+                       f'cannot be read ({str(e).splitlines()[0][:200]}); '
+                       'pick another with --step') from None
+    feature_names, target_names = column_names(meta, step, ckpt.directory)
+    # The file is checked before the (slower) restore of the arrays.
+    frame = table_files.read_frame(input_path, '--input')
+    x_NxF = table_files.numeric_matrix(
+        frame, feature_names, input_path, '--input',
+        role='a feature the model was trained on')
+    keep = (table_files.pass_through(frame, keep_columns, input_path,
+                                     '--input') if keep_columns else None)
+    setup = runtime.make_setup(config, len(feature_names), len(target_names))
+    state = runtime.restore(ckpt, setup, step)
+  finally:
+    ckpt.close()
+  pred_NxT = runtime.predict_table(setup, state, x_NxF,
+                                   config.eval_batch_size)
+  if jax.process_index() == 0:
+    write_predictions(output_path, pred_NxT, target_names, keep)
+  return {'step': step, 'input': input_path, 'output': output_path,
+          'num_examples': int(pred_NxT.shape[0]),
+          'columns': [*keep_columns, *prediction_columns(target_names)]}
+
+
+def prediction_columns(target_names: Sequence[str]) -> list[str]:
+  """`<target>_pred`, one per target."""
+  return [f'{t}{PREDICTION_SUFFIX}' for t in target_names]
+
+
+def write_predictions(path: str, pred_NxT: np.ndarray,
+                      target_names: Sequence[str],
+                      keep: pd.DataFrame | None = None) -> None:
+  """Writes one row per input row: kept columns, then `<target>_pred`.
+
+  Written to a temporary file and renamed, so `path` never holds half a
+  table. Floats are written at full precision: reading the file back gives
+  the same float32 values. pandas is imported here, not with the module.
+
+  Args:
+    path: output file; Parquet for `.parquet` / `.pq`, else CSV.
+    pred_NxT: predictions in the targets' original units, rows in input
+      order.
+    target_names: the T target names.
+    keep: pass-through columns (`table_files.pass_through`), N rows, or None.
+
+  Raises:
+    UsageError: a kept column has the name of a prediction column, or the
+      output directory does not exist.
+    ValueError: the shapes of `pred_NxT`, `target_names` and `keep` disagree.
+  """
+  import pandas as pd  # noqa: PLC0415  (see the docstring)
+  if pred_NxT.ndim != 2 or pred_NxT.shape[1] != len(target_names):
+    raise ValueError(f'pred_NxT has shape {pred_NxT.shape} for '
+                     f'{len(target_names)} targets')
+  keep = pd.DataFrame() if keep is None else keep
+  if len(keep.columns) and len(keep) != pred_NxT.shape[0]:
+    raise ValueError(f'{len(keep)} kept rows for {pred_NxT.shape[0]} '
+                     'predictions')
+  names = prediction_columns(target_names)
+  clash = sorted(set(names) & set(keep.columns))
+  if clash:
+    raise UsageError(f'cannot keep column(s) {", ".join(clash)}: the '
+                     'predictions table writes its own column of that name; '
+                     'keep other columns')
+  directory = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(directory):
+    raise UsageError(f'cannot write {path!r}: directory {directory!r} does '
+                     'not exist; create it first')
+  predictions = pd.DataFrame(
+      {n: pred_NxT[:, t] for t, n in enumerate(names)})
+  table = pd.concat([keep.reset_index(drop=True), predictions], axis=1)
+  with atomic_write(path, 'wb') as f:
+    if table_files.is_parquet(path):
+      table.to_parquet(f, index=False, engine='pyarrow')
+    else:
+      table.to_csv(f, index=False)

@@ -1,0 +1,62 @@
+"""meshfit.config: the typed config and every check of it."""
+
+import dataclasses
+
+import pytest
+
+from configs import csv as csv_config, default
+from meshfit import config as config_lib
+from meshfit.errors import UsageError
+
+
+def test_parse_types_every_section_and_round_trips():
+  raw = default.get_config()
+  config = config_lib.parse(raw)
+  assert isinstance(config.dataset, config_lib.DatasetConfig)
+  assert isinstance(config.optimizer, config_lib.OptimizerConfig)
+  assert config.model.hidden_sizes == (128, 128)
+  assert config.to_dict() == raw.to_dict()
+  assert config_lib.parse(config.to_dict()) == config
+  assert config_lib.parse(config) is config
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    config.batch_size = 7  # noqa: the config cannot change after its checks
+
+
+def test_lists_from_json_become_tuples():
+  raw = csv_config.get_config().to_dict()
+  raw['dataset'].update(train_path='t.csv', eval_path='e.csv',
+                        target_columns=['y'], feature_columns=['a', 'b'])
+  raw['model']['hidden_sizes'] = [8, 8]
+  config = config_lib.parse(raw)
+  assert config.dataset.target_columns == ('y',)
+  assert config.dataset.feature_columns == ('a', 'b')
+  assert config.model.hidden_sizes == (8, 8)
+
+
+def test_a_config_without_a_key_names_it():
+  raw = default.get_config().to_dict()
+  del raw['optimizer']['momentum']
+  with pytest.raises(UsageError, match="no key 'optimizer.momentum'"):
+    config_lib.parse(raw)
+
+
+def test_column_selection_is_checked():
+  with pytest.raises(UsageError) as e:
+    config_lib.check_column_selection(('y', 'z'), ('a', 'z'))
+  assert "column 'z' is both a target" in str(e.value)
+  with pytest.raises(UsageError, match='target_columns is empty'):
+    config_lib.check_column_selection((), ('a',))
+  with pytest.raises(UsageError, match="names column 'a' twice"):
+    config_lib.check_column_selection(('y',), ('a', 'a'))
+
+
+def test_model_axis_must_stay_within_a_process():
+  config = default.get_config()
+  config.mesh.data, config.mesh.model = 2, 4
+  parsed = config_lib.parse(config)
+  config_lib.check_devices(parsed, 8, devices_per_process=8)  # one process
+  config_lib.check_devices(parsed, 8, devices_per_process=4)
+  with pytest.raises(UsageError, match=(
+      "mesh.model=4 does not divide the 2 devices of each process: mesh axis "
+      "'model' must stay within a host")):
+    config_lib.check_devices(parsed, 8, devices_per_process=2)
