@@ -1,4 +1,5 @@
-"""What the tests that drive train.py as users do share."""
+"""What several test files share: running train.py as a user does, and
+small tables."""
 
 import os
 import subprocess
@@ -29,3 +30,23 @@ def regression_frame(n: int, seed: int) -> pd.DataFrame:
   return pd.DataFrame({'id': [f'r{seed}_{i}' for i in range(n)], 'a': a,
                        'b': b, 'c': c, 'y': 3 * a - 2 * b + 0.1 * c,
                        'z': a * b})
+
+
+def small_frame(n: int = 5) -> pd.DataFrame:
+  """An 'id' text column, numbers 'a' and 'b', and a target 'y'."""
+  rng = np.random.default_rng(0)
+  return pd.DataFrame({
+      'id': [f'row{i}' for i in range(n)],
+      'a': rng.normal(size=n),
+      'b': np.arange(n),
+      'y': rng.normal(size=n) * 100,
+  })
+
+
+def write_table(path, frame: pd.DataFrame) -> str:
+  """Writes `frame` to `path` as Parquet (.parquet, .pq) or CSV."""
+  if str(path).lower().endswith(('.parquet', '.pq')):
+    frame.to_parquet(path, index=False)
+  else:
+    frame.to_csv(path, index=False)
+  return str(path)

@@ -1,35 +1,13 @@
 """input_pipeline.table_files: users' files, with every cell checked."""
 
-import os
+import numpy as np
+import pandas as pd
+import pytest
+from cli_helpers import small_frame as _frame, write_table as _write
 
-os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
-os.environ.setdefault('NO_GCE_CHECK', 'true')
+from input_pipeline import table_files
+from input_pipeline.errors import DataError
 
-import pathlib  # noqa: E402
-
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
-
-from input_pipeline import table_files  # noqa: E402
-from input_pipeline.errors import DataError  # noqa: E402
-
-
-def _write(path: pathlib.Path, frame: pd.DataFrame) -> str:
-  if table_files.is_parquet(str(path)):
-    frame.to_parquet(path, index=False)
-  else:
-    frame.to_csv(path, index=False)
-  return str(path)
-
-def _frame(n: int = 5) -> pd.DataFrame:
-  rng = np.random.default_rng(0)
-  return pd.DataFrame({
-      'id': [f'row{i}' for i in range(n)],
-      'a': rng.normal(size=n),
-      'b': np.arange(n),
-      'y': rng.normal(size=n) * 100,
-  })
 
 @pytest.mark.parametrize('suffix', ['.csv', '.parquet'])
 def test_numeric_matrix_holds_named_columns_in_file_order(tmp_path, suffix):
