@@ -11,7 +11,7 @@ rate) and number of steps run through:
                  split over devices, gradients `pmean`'d
   torch          PyTorch eager on CPU (optional: requirements-bench.txt)
 
-plus bfloat16-compute variants, meshfit with checkpoints every 50 steps, the
+plus bfloat16-compute variants, meshfit with checkpoints by the clock, the
 input pipeline alone and, but for large (whose calls are single steps), a
 ladder from meshfit's bare jitted calls (1 step each, then as many as meshfit
 runs per call) to its whole loop. The norm section times the logged gradient
@@ -112,6 +112,9 @@ LEARNING_RATE = 1e-3
 # meshfit tables hold this many batches' worth of rows.
 NUM_BATCHES = 8
 MATMUL_N = 2048  # square matmul of the peak measurement
+# The checkpoint section's period: short enough for several saves in its
+# window, so that the cost of one save can be read off in the steady state.
+CHECKPOINT_SECONDS = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,8 +126,9 @@ class Size:
   num_targets: int
   batch_size: int
   default_steps: int
-  # Steps of the checkpoint comparison: a few seconds, so that it measures
-  # the steady cost of periodic checkpoints rather than one save's latency.
+  # Steps of the checkpoint comparison: ~10 s, so that it measures the
+  # steady cost of checkpoints every CHECKPOINT_SECONDS (several of them)
+  # rather than one save's latency.
   checkpoint_steps: int
   # The ladder: meshfit's jitted calls alone (its program's cost apart from
   # its loop's). Large calls are single steps, already the meshfit row.
@@ -148,13 +152,13 @@ class Size:
 # (1,000 tiny steps take ~10 ms) rewards whichever variant got lucky.
 SIZES = {s.name: s for s in (
     Size('tiny', 1, (), 1, 128, default_steps=20_000,
-         checkpoint_steps=400_000),
+         checkpoint_steps=600_000),
     Size('small', 10, (64, 64), 1, 256, default_steps=4000,
-         checkpoint_steps=40_000),
+         checkpoint_steps=80_000),
     Size('medium', 10, (512, 512), 1, 1024, default_steps=100,
-         checkpoint_steps=400),
+         checkpoint_steps=1_000),
     Size('large', 784, (2048,) * 3, 10, 2048, default_steps=3,
-         checkpoint_steps=3, breakdown=False),
+         checkpoint_steps=15, breakdown=False),
 )}
 
 
@@ -249,7 +253,7 @@ def _first_call(config, size: Size) -> int:
 
 
 def _meshfit_config(size: Size, *, dtype: str, num_train_steps: int | None,
-                    checkpoint_every_steps: int | None, cache_dir: str):
+                    checkpoint_every_seconds: float | None, cache_dir: str):
   config = default.get_config()
   config.model.hidden_sizes = size.hidden_sizes
   config.model.dtype = dtype
@@ -258,13 +262,15 @@ def _meshfit_config(size: Size, *, dtype: str, num_train_steps: int | None,
   config.optimizer.learning_rate = LEARNING_RATE
   config.batch_size = size.batch_size
   config.eval_batch_size = size.batch_size
-  # One evaluation, after the last step; checkpoints as asked, else only the
-  # final one (also after the timed window).
+  # One evaluation, after the last step; checkpoints by the clock as asked,
+  # else the defaults (none by step count, one every
+  # checkpoint_every_seconds, longer than any window here), and the final
+  # one after the timed window.
   big = 10**9  # no event before the run's end (None: decided by the caller)
   config.num_train_steps = num_train_steps or big
   config.eval_every_steps = num_train_steps or big
-  config.checkpoint_every_steps = (checkpoint_every_steps or num_train_steps
-                                   or big)
+  if checkpoint_every_seconds is not None:
+    config.checkpoint_every_seconds = checkpoint_every_seconds
   config.compilation_cache_dir = cache_dir
   return config
 
@@ -300,35 +306,34 @@ class Meshfit(Variant):
 
   def __init__(self, size: Size, data: Data, workroot: str, cache_dir: str,
                dtype: str = 'float32',
-               checkpoint_every_steps: int | None = None,
+               checkpoint_every_seconds: float | None = None,
                steps: int | None = None):
     self.name = 'meshfit'
     if dtype != 'float32':
       self.name += f' {dtype}'
-    if checkpoint_every_steps:
-      self.name += f' ckpt/{checkpoint_every_steps}'
+    if checkpoint_every_seconds is not None:
+      self.name += (f' ckpt every {checkpoint_every_seconds:g} s'
+                    if checkpoint_every_seconds else ' no ckpt')
     if steps:
       self.name += f', {steps:,} steps'
     self.dtype = dtype
     self.fixed_steps = True
     self.steps = steps  # None: the round's number
     self._size, self._workroot, self._cache_dir = size, workroot, cache_dir
-    self._checkpoint_every_steps = checkpoint_every_steps
-    # (due, written) periodic checkpoints of each run.
-    self.checkpoints: list[tuple[int, int]] = []
+    self._checkpoint_every_seconds = checkpoint_every_seconds
+    # Checkpoints written inside each run's timed window (by the clock).
+    self.checkpoints: list[int] = []
     self._splits = data.splits(eval_rows=size.batch_size)
 
   def run(self, num_steps: int) -> float:
     # The first call (compilation, prefetch fill) is not timed.
     config = _meshfit_config(
         self._size, dtype=self.dtype, num_train_steps=None,
-        checkpoint_every_steps=self._checkpoint_every_steps,
+        checkpoint_every_seconds=self._checkpoint_every_seconds,
         cache_dir=self._cache_dir)
     first = _first_call(config, self._size)
     config.num_train_steps = first + num_steps
     config.eval_every_steps = config.num_train_steps
-    if not self._checkpoint_every_steps:
-      config.checkpoint_every_steps = config.num_train_steps
     config.max_checkpoints_to_keep = 10**6  # count them all afterwards
     workdir = tempfile.mkdtemp(dir=self._workroot)
     times = []
@@ -337,14 +342,12 @@ class Meshfit(Variant):
       loop.train_and_evaluate(
           config, workdir, splits=self._splits,
           on_call=call_timer(times, wait_at=(first, config.num_train_steps)))
-      if self._checkpoint_every_steps:
-        # Periodic checkpoints due inside the window (not the final one),
-        # and how many of them were written.
-        due = set(range(first + 1, config.num_train_steps)) & set(range(
-            0, config.num_train_steps, config.checkpoint_every_steps))
-        written = {int(d) for d in os.listdir(os.path.join(
-            workdir, 'checkpoints')) if d.isdigit()} & due
-        self.checkpoints.append((len(due), len(written)))
+      if self._checkpoint_every_seconds:
+        # Checkpoints inside the window (not the final one): every one the
+        # clock asked for is written.
+        self.checkpoints.append(len({
+            int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints'))
+            if d.isdigit() and first < int(d) < config.num_train_steps}))
     finally:
       shutil.rmtree(workdir, ignore_errors=True)
     return times[-1] - times[0]
@@ -500,7 +503,7 @@ class _MeshfitParts:
 
   def __init__(self, size: Size, data: Data):
     config = _meshfit_config(size, dtype='float32', num_train_steps=None,
-                             checkpoint_every_steps=None, cache_dir='')
+                             checkpoint_every_seconds=None, cache_dir='')
     self.config, self.data, self.size = config, data, size
     self.setup = runtime.make_setup(config_lib.parse(config),
                                     size.num_features, size.num_targets)
@@ -657,7 +660,7 @@ def _first_step_child(spec: dict[str, str]) -> None:
   size = SIZES[spec['size']]
   splits = make_data(size).splits(eval_rows=size.batch_size)
   config = _meshfit_config(size, dtype='float32', num_train_steps=10,
-                           checkpoint_every_steps=None,
+                           checkpoint_every_seconds=None,
                            cache_dir=spec['cache_dir'])
   workdir = tempfile.mkdtemp()
   times = []
@@ -760,7 +763,7 @@ def make_variants(size: Size, data: Data, sections: Sequence[str],
   """Every variant of `size` that the chosen sections need.
 
   The checkpoint comparison runs size.checkpoint_steps steps (both of its
-  variants), a window of 50 steps or more.
+  variants), a window of ~10 s.
   """
   v = []
   if {'main', 'precision', 'checkpoint', 'breakdown'} & set(sections):
@@ -780,17 +783,17 @@ def make_variants(size: Size, data: Data, sections: Sequence[str],
                         low_precision_grads=True))
     if have_torch:
       v.append(Torch(size, data, dtype='bfloat16'))
-  if 'checkpoint' in sections and size.checkpoint_steps >= 50:
-    for every in (None, 50):
+  if 'checkpoint' in sections:
+    for every in (0.0, CHECKPOINT_SECONDS):
       v.append(Meshfit(size, data, workroot, cache_dir,
-                       checkpoint_every_steps=every,
+                       checkpoint_every_seconds=every,
                        steps=size.checkpoint_steps))
   if 'pipeline' in sections:
     v.append(Pipeline(size, data))
   if 'breakdown' in sections and size.breakdown:
     v.append(MeshfitCalls(size, data, steps_per_call=1))
     config = _meshfit_config(size, dtype='float32', num_train_steps=None,
-                             checkpoint_every_steps=None, cache_dir='')
+                             checkpoint_every_seconds=None, cache_dir='')
     v.append(MeshfitCalls(size, data, _steps_per_call(config, size)))
   return v
 
@@ -888,16 +891,22 @@ def report(results: dict[str, Any]) -> str:
       for bf16 in [n for n in rates if n.startswith(f'{name} bfloat16')
                    or n.startswith(f'proto: {name} bfloat16')]:
         extra.append([f'{bf16} / {name}', _fmt(_ratio(rates, bf16, name))])
-    base = f'meshfit, {size.checkpoint_steps:,} steps'
-    ckpt = f'meshfit ckpt/50, {size.checkpoint_steps:,} steps'
+    base = f'meshfit no ckpt, {size.checkpoint_steps:,} steps'
+    ckpt = (f'meshfit ckpt every {CHECKPOINT_SECONDS:g} s, '
+            f'{size.checkpoint_steps:,} steps')
     if ckpt in rates:
       ratio = _ratio(rates, ckpt, base)
-      counts = res.get('checkpoints') or [(0, 0)]
+      window = size.checkpoint_steps / max(rates[ckpt])  # seconds
+      saves = res.get('checkpoints') or [0]
+      per_save = (window - size.checkpoint_steps / max(rates[base])) / max(
+          statistics.median(saves), 1)
+      default = default_checkpoint_seconds()
       extra.append([f'{ckpt} / {base} (cost {100 * (1 - ratio):.1f}%; '
-                    f'{min(w for _, w in counts)} to '
-                    f'{max(w for _, w in counts)} of the '
-                    f'{max(d for d, _ in counts)} checkpoints due were '
-                    'written)', _fmt(ratio)])
+                    f'{min(saves)} to {max(saves)} checkpoints in its '
+                    f'{window:.1f} s, every one due written)', _fmt(ratio)])
+      extra.append([f'one save costs training {1e3 * per_save:.0f} ms; at '
+                    f'the default checkpoint_every_seconds={default:g}: cost',
+                    f'{100 * per_save / default:.2f}%'])
     pipe = 'input pipeline alone'
     if pipe in rates:
       rows_s = max(rates[pipe]) * size.batch_size
@@ -945,6 +954,10 @@ def report(results: dict[str, Any]) -> str:
         _fmt(med['cold']['in_process_s'] / med['warm']['in_process_s']),
         _fmt(med['cold']['process_s'] / med['warm']['process_s'])]]))
   return '\n'.join(out)
+
+
+def default_checkpoint_seconds() -> float:
+  return default.get_config().checkpoint_every_seconds
 
 
 def _machine() -> str:

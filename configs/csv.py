@@ -37,5 +37,4 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_train_steps = 10_000
   config.log_every_steps = 100
   config.eval_every_steps = 2000
-  config.checkpoint_every_steps = 2000
   return config

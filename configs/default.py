@@ -81,19 +81,20 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_train_steps = 4000
   # Optimizer steps per jitted call (a loop on the device): fewer host round
   # trips. 0 sizes calls to the model (~20 GFLOP on CPU, up to 128 steps).
-  # Log, eval, profile and written checkpoints' steps end a call; SIGTERM
+  # Log, eval, profile and checkpoint steps end a call; SIGTERM
   # is answered when the call in flight ends. Results do not depend on it.
   config.steps_per_call = 0
-  # Periods in steps: train metrics, evaluation, checkpoints.
+  # Periods in steps: train metrics, evaluation.
   config.log_every_steps = 100
   config.eval_every_steps = 1000
-  config.checkpoint_every_steps = 1000
-  # One host writes periodic checkpoints in the background, taking at most
-  # this fraction of the time: one due sooner than that allows (or while
-  # another is being written) is skipped, and the run lists those at the
-  # end. 1 writes whenever the writer is free. Final and SIGTERM checkpoints
-  # are always written.
-  config.checkpoint_budget = 0.03
+  # A checkpoint at every multiple of this step (0: none by step count).
+  # Every one asked for is written (in the background on one host).
+  config.checkpoint_every_steps = 0
+  # A checkpoint once this much time has passed since the last, so that a
+  # crash or a hard kill loses at most this much work whatever the model's
+  # speed (0: none by the clock). Ten minutes costs one save per ten minutes.
+  # The final and SIGTERM checkpoints are always written.
+  config.checkpoint_every_seconds = 600.0
   # Checkpoints kept in workdir/checkpoints (the newest ones).
   config.max_checkpoints_to_keep = 3
 

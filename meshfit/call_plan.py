@@ -9,7 +9,7 @@ its steps as the uninterrupted run does; and grouping changes no bit of the
 result (`steps.train_call`), so any grouping resumes exactly.
 """
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -36,10 +36,11 @@ def choose_steps_per_call(requested: int, flops_per_step: float,
     requested: config.steps_per_call; 0 chooses.
     flops_per_step: the work of one optimizer step.
     platform: the devices' platform ('cpu', 'tpu', 'gpu').
-    periods: the periods in steps whose multiples end a call.
+    periods: the periods in steps whose multiples end a call (0: none).
   """
   if requested:
     return requested
+  periods = [p for p in periods if p > 0]
   target = CALL_FLOPS.get(platform, CALL_FLOPS_ACCELERATOR)
   most = min(MAX_AUTO_STEPS_PER_CALL, max(1, int(target // flops_per_step)))
   candidates = {1 << (most.bit_length() - 1)} | {
@@ -51,20 +52,13 @@ def choose_steps_per_call(requested: int, flops_per_step: float,
 
 
 def plan_calls(first_step: int, last_step: int, steps_per_call: int,
-               periods: Iterable[int] = (), stops: Iterable[int] = (),
-               optional_period: int = 0,
-               take: Callable[[int], bool] = lambda step: True
+               periods: Iterable[int] = (), stops: Iterable[int] = ()
                ) -> Iterator[int]:
   """How many steps each call of steps first_step+1..last_step runs.
 
   A call ends at the next multiple of `steps_per_call`, of any of `periods`
-  (logging, evaluation), at any of `stops`, or at `last_step`, whichever
-  comes first.
-
-  A multiple of `optional_period` (checkpoints written in the background)
-  that falls inside a call ends it only if `take(step)` says so, asked once
-  per such step when its call is planned: a checkpoint that would not be
-  written anyway does not cost a call.
+  (logging, evaluation, checkpoints; 0 is none), at any of `stops`, or at
+  `last_step`, whichever comes first.
 
   Yields:
     The steps of each call, in order.
@@ -75,12 +69,6 @@ def plan_calls(first_step: int, last_step: int, steps_per_call: int,
   while step < last_step:
     end = min([last_step] + [(step // p + 1) * p for p in periods] +
               [s for s in stops if s > step][:1])
-    if optional_period > 0:
-      for due in range((step // optional_period + 1) * optional_period, end,
-                       optional_period):
-        if take(due):
-          end = due
-          break
     yield end - step
     step = end
 

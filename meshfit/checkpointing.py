@@ -15,7 +15,6 @@ import concurrent.futures
 import os
 import shutil
 import threading
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -146,35 +145,23 @@ class Checkpointer:
 
 
 class BackgroundSaver:
-  """Writes checkpoints from a thread, so training never waits for one.
+  """Writes checkpoints from a thread, so training need not wait for one.
 
   `submit` hands over a state that nothing else will touch (a copy) and
-  returns at once (once the thread has taken the previous one, if it was
-  idle: a checkpoint is never dropped only because the thread had not been
-  scheduled yet). One checkpoint is written at a time; if another is
-  submitted while one is being written and a third arrives before the
-  writer is free, the older waiting one is dropped (counted in `skipped`):
-  checkpoints that come faster than the disk takes them are thinned, never
-  queued without bound, and the newest is always the one kept.
-
-  Writing takes CPU time (and Python's lock) from training, so after a
-  write that took d seconds the saver is not `ready` for another d * (1 /
-  budget - 1) seconds: periodic checkpoints then take at most `budget` of
-  the time. `wait` writes what was submitted whatever the budget.
+  returns at once while the writer is free or busy with one checkpoint: the
+  new one waits its turn. Every submitted checkpoint is written, in order;
+  one that comes while another is already waiting makes `submit` wait until
+  the writer takes that one (so the disk sets the pace, and at most two
+  copies of the state exist besides the one training).
   """
 
-  def __init__(self, ckpt: Checkpointer, budget: float = 1.0):
+  def __init__(self, ckpt: Checkpointer):
     self._ckpt = ckpt
-    self._budget = budget
-    self._ready_at = 0.0  # time.monotonic() from which to accept more
     self._cond = threading.Condition()
     self._waiting: tuple[int, TrainState, dict[str, Any], list] | None = None
     self._busy = False
     self._closed = False
     self._error: BaseException | None = None
-    # Steps not written: replaced while waiting here, or (the loop's
-    # doing) due while the saver was not `ready`.
-    self.skipped: list[int] = []
     self._thread = threading.Thread(target=self._run, daemon=True,
                                     name='meshfit-checkpoints')
     self._thread.start()
@@ -192,21 +179,11 @@ class BackgroundSaver:
     """
     with self._cond:
       self._raise_error()
-      # An idle writer that has not yet taken the last one is only waiting
-      # for its thread to run: let it, rather than drop that checkpoint.
-      while (self._waiting is not None and not self._busy and
-             not self._closed):
+      while self._waiting is not None and not self._closed:
         self._cond.wait()
-      if self._waiting is not None:
-        self.skipped.append(self._waiting[0])
+      self._raise_error()
       self._waiting = (step, state, meta, list(wait_for))
       self._cond.notify_all()
-
-  def ready(self) -> bool:
-    """Idle, and the budget allows a new checkpoint now."""
-    with self._cond:
-      return (self._waiting is None and not self._busy and
-              time.monotonic() >= self._ready_at)
 
   def _run(self) -> None:
     while True:
@@ -222,11 +199,8 @@ class BackgroundSaver:
       try:
         for future in wait_for:
           future.result()
-        start = time.monotonic()
         self._ckpt.save(step, state, meta)
         self._ckpt.wait()
-        end = time.monotonic()
-        self._ready_at = end + (end - start) * (1 / self._budget - 1)
       except BaseException as e:  # noqa: BLE001 (raised in the loop's thread)
         with self._cond:
           self._error = self._error or e

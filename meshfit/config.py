@@ -74,7 +74,7 @@ class Config:
   log_every_steps: int
   eval_every_steps: int
   checkpoint_every_steps: int
-  checkpoint_budget: float
+  checkpoint_every_seconds: float
   max_checkpoints_to_keep: int
   mesh: MeshConfig
   compilation_cache_dir: str
@@ -155,18 +155,20 @@ def parse_dataset(raw: Mapping[str, Any]) -> DatasetConfig:
 def _check_top(config: Config) -> None:
   _require(_is_int(config.seed), f'seed={config.seed!r} must be an integer')
   for key in ('batch_size', 'eval_batch_size', 'num_train_steps',
-              'log_every_steps', 'eval_every_steps', 'checkpoint_every_steps',
+              'log_every_steps', 'eval_every_steps',
               'max_checkpoints_to_keep', 'profile_num_steps'):
     value = getattr(config, key)
     _require(_is_int(value) and value > 0,
              f'{key}={value!r} must be a positive integer')
-  for key in ('profile_start_step', 'steps_per_call'):
+  for key in ('profile_start_step', 'steps_per_call',
+              'checkpoint_every_steps'):
     value = getattr(config, key)
     _require(_is_int(value) and value >= 0,
              f'{key}={value!r} must be an integer >= 0')
-  _require(_is_number(config.checkpoint_budget)
-           and 0 < config.checkpoint_budget <= 1,
-           f'checkpoint_budget={config.checkpoint_budget!r} must be in (0, 1]')
+  _require(_is_number(config.checkpoint_every_seconds)
+           and config.checkpoint_every_seconds >= 0,
+           f'checkpoint_every_seconds={config.checkpoint_every_seconds!r} '
+           'must be a number of seconds >= 0 (0: no checkpoints by the clock)')
   cache_dir = config.compilation_cache_dir
   _require(isinstance(cache_dir, str)
            and not os.path.isfile(os.path.expanduser(cache_dir)),

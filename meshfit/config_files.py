@@ -27,8 +27,8 @@ EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
 # also stretches or shrinks the warmup_cosine schedule from that step on.)
 RESUME_SAFE_KEYS = EVAL_KEYS + (
     'num_train_steps', 'log_every_steps', 'eval_every_steps',
-    'checkpoint_every_steps', 'max_checkpoints_to_keep', 'steps_per_call',
-    'checkpoint_budget',
+    'checkpoint_every_steps', 'checkpoint_every_seconds',
+    'max_checkpoints_to_keep', 'steps_per_call',
     'dataset.resident_table_mb', 'profile_start_step', 'profile_num_steps')
 
 

@@ -144,10 +144,10 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
           # What --mode=predict reads from a user's file.
           'feature_names': splits.train.feature_names,
           'target_names': splits.train.target_names},
-      config.checkpoint_budget)
+      config.checkpoint_every_steps, config.checkpoint_every_seconds)
   try:
-    feed, calls = _plan(config, setup, splits.train, checkpoints, profile,
-                        initial_step, position)
+    feed, calls = _plan(config, setup, splits.train, profile, initial_step,
+                        position)
   except BaseException:
     checkpoints.close()
     raise
@@ -175,7 +175,7 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
                                     step, speed(step))
         watch.once_checked(functools.partial(writer.write_scalars, step,
                                              scalars))
-      if step % config.checkpoint_every_steps == 0 and not last:
+      if checkpoints.due(step) and not last:
         checkpoints.save_periodic(step, state)
       watch.settle()
       profile.after(step, watch)
@@ -216,20 +216,14 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
 
 
 def _plan(config: Config, setup: runtime.Setup, train_table,
-          checkpoints: checkpoint_policy.LoopCheckpoints,
           profile: ProfileWindow, initial_step: int, position: int):
   """The feed of training chunks, and the lengths of the calls to come.
 
-  Log and eval steps end a call, and checkpoint steps too unless the
-  checkpoints are written in the background (one process): then a due one
-  ends a call only if the saver will take it.
+  Log, eval and checkpoint steps end a call (a checkpoint by the clock is
+  taken at whichever call's end it falls due).
   """
-  periods = (config.log_every_steps, config.eval_every_steps)
-  background_period = 0
-  if checkpoints.in_background:
-    background_period = config.checkpoint_every_steps
-  else:
-    periods += (config.checkpoint_every_steps,)
+  periods = (config.log_every_steps, config.eval_every_steps,
+             config.checkpoint_every_steps)
   arch = setup.arch
   flops_per_step = 6.0 * mlp.num_params(
       (arch.num_features, *arch.mlp.hidden_sizes, arch.num_targets)
@@ -237,9 +231,8 @@ def _plan(config: Config, setup: runtime.Setup, train_table,
   max_steps_per_call = call_plan.choose_steps_per_call(
       config.steps_per_call, flops_per_step, jax.devices()[0].platform,
       periods)
-  calls = call_plan.plan_calls(
-      initial_step, config.num_train_steps, max_steps_per_call, periods,
-      profile.stops, background_period, checkpoints.would_write)
+  calls = call_plan.plan_calls(initial_step, config.num_train_steps,
+                               max_steps_per_call, periods, profile.stops)
   resident = feeding.fits_on_device(train_table.x_NxF, train_table.y_NxT,
                                     config.dataset.resident_table_mb)
   feed = feeding.TrainFeed(

@@ -40,7 +40,5 @@ def small_config(data_dir):
   config.log_every_steps = 10
   config.eval_every_steps = 30
   config.checkpoint_every_steps = 20
-  # Every periodic checkpoint, however fast the steps: tests count them.
-  config.checkpoint_budget = 1.0
   config.optimizer.warmup_steps = 10
   return config

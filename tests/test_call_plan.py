@@ -31,17 +31,9 @@ def test_num_calls_counts_the_plans_calls(num_steps, steps_per_call, periods):
       list(call_plan.plan_calls(0, num_steps, steps_per_call, periods)))
 
 
-def test_plan_ends_calls_at_the_optional_steps_taken():
-  asked = []
-
-  def take(step):
-    asked.append(step)
-    return step in (20, 70)
-  assert _ends(0, 100, 32, periods=(50,), optional_period=10,
-               take=take) == [20, 32, 50, 64, 70, 96, 100]
-  # Each due step inside a call is asked about once; those that end a call
-  # anyway (50, and 100, the last) are not asked.
-  assert asked == [10, 20, 30, 40, 60, 70, 80, 90]
+def test_a_period_of_zero_ends_no_call():
+  assert _ends(0, 100, 32, periods=(50, 0)) == [32, 50, 64, 96, 100]
+  assert call_plan.choose_steps_per_call(0, 1e3, 'cpu', (0, 100)) == 100
 
 
 # The small benchmark MLP (10 -> 64 -> 64 -> 1) at batch 256 on a CPU.

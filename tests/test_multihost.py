@@ -221,6 +221,22 @@ def test_2x4_checkpoint_evaluates_the_same_on_one_device(run_2x4):
   assert result['rmse'] == pytest.approx(trained, rel=RTOL)
 
 
+def test_checkpoints_by_the_clock_are_taken_alike_by_every_process(
+    tmp_path_factory, data_dir, reference):
+  """Process 0's clock decides: every process saves the same steps (a
+  disagreement would leave a save half done and the job stuck)."""
+  workdir = str(tmp_path_factory.mktemp('clock_2x4') / 'run')
+  _run_job(tmp_path_factory, 'logs_clock_2x4', 2, 4,
+           [f'--workdir={workdir}', '--config.steps_per_call=1',
+            '--config.max_checkpoints_to_keep=100',
+            *_flags(data_dir, checkpoint_every_steps=0,
+                    checkpoint_every_seconds=0.05)])
+  steps = sorted(int(s) for s in os.listdir(os.path.join(workdir,
+                                                         'checkpoints')))
+  assert steps[-1] == 40 and len(steps) >= 3, steps
+  _assert_same_run(workdir, reference)  # checkpoints change nothing
+
+
 @pytest.fixture(scope='module')
 def resumed_4x2(tmp_path_factory, data_dir, run_2x4) -> str:
   """The 2 x 4 run stopped after step 20, continued to 30 on 4 x 2.
