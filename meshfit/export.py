@@ -284,9 +284,9 @@ def write_saved_model(forward: Callable[[jax.Array], jax.Array], path: str,
     pred_BxT = forward_tf(x_BxF)
     return {name: pred_BxT[:, t] for t, name in enumerate(output_names)}
 
-  module = tf.Module()
-  module.serve = serve  # tracked, so the SavedModel keeps the function
-  tf.saved_model.save(module, path,
+  # Only as a signature: a tf.function also attached to the module would be
+  # saved as a second copy of the program, doubling the SavedModel.
+  tf.saved_model.save(tf.Module(), path,
                       signatures={SIGNATURE: serve.get_concrete_function()})
   return tf.__version__
 
