@@ -57,6 +57,9 @@ FORMAT = 'meshfit.export/1'
 # exporting: a CPU-exported model then also serves on a GPU or a TPU (the
 # artifact picks the platform it runs on).
 PLATFORMS = ('cpu', 'cuda', 'tpu')
+# Names a signature cannot take as they are: Python's keywords, and 'self',
+# which TensorFlow's own signature wrapper takes.
+RESERVED_NAMES = frozenset(keyword.kwlist) | {'self'}
 # Every column is a number for now; a column plan with categories would add
 # kinds (and the artifacts would take their codes).
 NUMBER_KIND = 'number'
@@ -186,13 +189,14 @@ def signature_names(names: Sequence[str]) -> tuple[str, ...]:
   """Names that a SavedModel signature keeps as they are, one per column.
 
   TensorFlow rejects some argument names (spaces, '$', a leading '_',
-  non-ASCII letters, Python keywords) and silently renames others ('x/y'
+  non-ASCII letters, RESERVED_NAMES) and silently renames others ('x/y'
   becomes 'x_y', '1st' 'arg_1st'); a client could not know which. So a name
   that is a plain identifier stays as it is, and every other one is made
   one: each run of other characters becomes '_' (none at either end), 'f_'
-  goes before a leading digit, '_' after a keyword, 'column_<i>' replaces a
-  name with nothing left, and '_<i>' is appended to a name already taken (i
-  being the column's position). model.json records the mapping.
+  goes before a leading digit, '_' after a reserved name, 'column_<i>'
+  replaces a name with nothing left, and '_<i>' is appended to a name
+  already taken (i being the column's position). model.json records the
+  mapping.
 
   Args:
     names: the column names, in order.
@@ -202,7 +206,7 @@ def signature_names(names: Sequence[str]) -> tuple[str, ...]:
   """
   def kept(name: str) -> bool:
     return (re.fullmatch(r'[A-Za-z][A-Za-z0-9_]*', name) is not None
-            and not keyword.iskeyword(name))
+            and name not in RESERVED_NAMES)
 
   # Reserved first, so that another column's cleaned name cannot take them.
   taken = {name for name in names if kept(name)}
@@ -216,7 +220,7 @@ def signature_names(names: Sequence[str]) -> tuple[str, ...]:
       clean = f'column_{i}'
     elif not clean[0].isalpha():
       clean = f'f_{clean}'
-    if keyword.iskeyword(clean):
+    if clean in RESERVED_NAMES:
       clean += '_'
     if clean in taken:
       clean = f'{clean}_{i}'

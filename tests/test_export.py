@@ -326,12 +326,27 @@ def test_bad_export_requests_exit_2_and_change_nothing(runs, tmp_path, case,
 
 def test_signature_names_are_identifiers_tensorflow_keeps():
   names = ['a', 'price ($)', '1st', '温度', 'in', '_a', 'a_', 'x/y', 'x.y',
-           'x_y', '']
+           'x_y', '', 'self']
   got = export.signature_names(names)
   # A name TensorFlow keeps ('a_', 'x_y') is never renamed for another.
   assert got == ('a', 'price', 'f_1st', 'column_3', 'in_', 'a_5', 'a_',
-                 'x_y_7', 'x_y_8', 'x_y', 'column_10')
+                 'x_y_7', 'x_y_8', 'x_y', 'column_10', 'self_')
   assert len(set(got)) == len(got)
   for name in got:
     assert re.fullmatch(r'[A-Za-z][A-Za-z0-9_]*', name)
-    assert not keyword.iskeyword(name)
+    assert not keyword.iskeyword(name) and name != 'self'
+
+
+def test_tensorflow_keeps_every_signature_name_as_given(tmp_path):
+  names = ('a', 'price ($)', '1st', '温度', 'in', '_a', 'a_', 'x/y', 'self')
+  input_names = export.signature_names(names)
+  weights_F = np.arange(1, len(names) + 1, dtype=np.float32)
+
+  def forward(x_BxF):  # every column weighted apart: a swap would show
+    return x_BxF @ weights_F[:, None]
+  probe_PxF = np.random.default_rng(0).normal(size=(3, len(names))).astype(
+      np.float32)
+  # Raises if a name came back changed or a column went elsewhere.
+  _, check = export.write_artifacts(str(tmp_path), forward, probe_PxF,
+                                    input_names, ('total (€)_pred',))
+  assert max(check.values()) < 1e-6
