@@ -1,8 +1,8 @@
 """meshfit: train, evaluate and use MLP regressors on a JAX device mesh.
 
 This file is intentionally kept short: flags -> config -> one call into
-meshfit (`loop.train_and_evaluate`, `evaluate.evaluate` or
-`predict.predict`). README.md has the usage; bad input exits with status 2
+meshfit (`loop.train_and_evaluate`, `evaluate.evaluate`, `predict.predict`
+or `export.export`). README.md has the usage; bad input exits with status 2
 and one `error: ...` line.
 """
 
@@ -60,16 +60,19 @@ except Exception as e:  # noqa: BLE001 (user input: reported, not a crash)
   _fail(_config_error(e, sys.argv))
 flags.DEFINE_string('workdir', 'runs/default', 'Run directory: config.json, '
                     'checkpoints/, metrics.jsonl, TensorBoard events, eval/.')
-flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'predict'],
-                  'train (resumes if the workdir holds a run), eval, or '
-                  'predict (--input to --output).')
-flags.DEFINE_integer('step', None, 'Checkpoint step for --mode=eval and '
-                     '--mode=predict (default: the newest).')
+flags.DEFINE_enum('mode', 'train', ['train', 'eval', 'predict', 'export'],
+                  'train (resumes if the workdir holds a run), eval, '
+                  'predict (--input to --output) or export (serving '
+                  'artifacts into --output).')
+flags.DEFINE_integer('step', None, 'Checkpoint step for --mode=eval, '
+                     '--mode=predict and --mode=export (default: the '
+                     'newest).')
 flags.DEFINE_string('input', None, '--mode=predict: CSV or Parquet file with '
                     'the feature columns (by name; others are ignored).')
 flags.DEFINE_string('output', None, '--mode=predict: CSV or Parquet file to '
                     'write: the input rows in order, one <target>_pred column '
-                    'per target.')
+                    'per target. --mode=export: a new or empty directory for '
+                    'the SavedModel, the jax.export artifact and model.json.')
 flags.DEFINE_list('keep_columns', [], '--mode=predict: input columns copied '
                   'into the output, e.g. --keep_columns=id,date.')
 flags.DEFINE_bool('library_logs', False, "Show Orbax's INFO logs (its "
@@ -106,12 +109,22 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def _predict_flags_error() -> str | None:
   """What is wrong with --input/--output/--keep_columns for this mode."""
-  given = [f'--{n}' for n in ('input', 'output', 'keep_columns')
-           if FLAGS[n].present]
-  if FLAGS.mode != 'predict':
-    if given:
-      return (f'{", ".join(given)}: only for --mode=predict, not '
-              f'--mode={FLAGS.mode}; add --mode=predict or drop them')
+  only_predict = [f'--{n}' for n in ('input', 'keep_columns')
+                  if FLAGS[n].present]
+  if FLAGS.mode != 'predict' and only_predict:
+    fix = 'drop them' if FLAGS.mode == 'export' else ('add --mode=predict or '
+                                                      'drop them')
+    return (f'{", ".join(only_predict)}: only for --mode=predict, not '
+            f'--mode={FLAGS.mode}; {fix}')
+  if FLAGS.mode in ('train', 'eval'):
+    if FLAGS['output'].present:
+      return (f'--output: only for --mode=predict and --mode=export, not '
+              f'--mode={FLAGS.mode}; add one of them or drop it')
+    return None
+  if FLAGS.mode == 'export':
+    if not FLAGS.output:
+      return ('--mode=export needs --output=DIR, a new or empty directory '
+              'for the artifacts')
     return None
   missing = [f'--{n}' for n in ('input', 'output') if not FLAGS[n].value]
   if missing:
@@ -157,12 +170,12 @@ def main(argv: list[str]) -> None:
 
 
 def _run() -> None:
-  """Trains, evaluates or predicts as the flags say (after the job is joined)."""
+  """Runs the mode the flags name (after the job is joined)."""
   import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
 
   from input_pipeline.errors import DataError  # noqa: PLC0415
-  from meshfit import (config_files, evaluate, loop,  # noqa: PLC0415
-                       predict, preemption)
+  from meshfit import (config_files, evaluate, export,  # noqa: PLC0415
+                       loop, predict, preemption)
   from meshfit.errors import UsageError  # noqa: PLC0415
   from meshfit.loss_watch import NonFiniteLossError  # noqa: PLC0415
 
@@ -171,8 +184,9 @@ def _run() -> None:
   try:
     if FLAGS.mode == 'train':
       if FLAGS.step is not None:
-        raise UsageError('--step is for --mode=eval and --mode=predict; '
-                         'training always resumes from the newest checkpoint')
+        raise UsageError('--step is for --mode=eval, --mode=predict and '
+                         '--mode=export; training always resumes from the '
+                         'newest checkpoint')
       loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     else:
       saved = config_files.load_json(
@@ -185,6 +199,9 @@ def _run() -> None:
                                              jax.local_device_count())
       if FLAGS.mode == 'eval':
         result = evaluate.evaluate(config, FLAGS.workdir, FLAGS.step)
+      elif FLAGS.mode == 'export':
+        result = export.export(config, FLAGS.workdir, FLAGS.output,
+                               FLAGS.step)
       else:
         result = predict.predict(config, FLAGS.workdir, FLAGS.input,
                                  FLAGS.output, FLAGS.step, FLAGS.keep_columns)

@@ -78,12 +78,7 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
   ckpt = checkpointing.Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.step_to_restore(step)
-    try:
-      meta = ckpt.restore_meta(step)
-    except checkpointing.DamagedCheckpointError as e:
-      raise UsageError(f'the checkpoint of step {step} in {ckpt.directory} '
-                       f'cannot be read ({str(e).splitlines()[0][:200]}); '
-                       'pick another with --step') from None
+    meta = runtime.restore_meta(ckpt, step)
     feature_names, target_names = column_names(meta, step, ckpt.directory)
     # The file is checked before the (slower) restore of the arrays.
     frame = table_files.read_frame(input_path, '--input')

@@ -46,7 +46,7 @@ def make_setup(config: Config, num_features: int, num_targets: int,
 
 def restore(ckpt: checkpointing.Checkpointer, setup: Setup,
             step: int) -> state_lib.TrainState:
-  """The state of checkpoint `step` on `setup`'s mesh (eval and predict).
+  """The state of checkpoint `step` on `setup`'s mesh (eval, predict, export).
 
   Raises:
     UsageError: the checkpoint cannot be read.
@@ -55,9 +55,26 @@ def restore(ckpt: checkpointing.Checkpointer, setup: Setup,
     return ckpt.restore_state(
         step, state_lib.abstract_state(setup.arch, setup.tx, setup.mesh))
   except checkpointing.DamagedCheckpointError as e:
-    raise UsageError(f'the checkpoint of step {step} in {ckpt.directory} '
-                     f'cannot be read ({str(e).splitlines()[0][:200]}); '
-                     'pick another with --step') from None
+    raise _unreadable(ckpt, step, e) from None
+
+
+def restore_meta(ckpt: checkpointing.Checkpointer, step: int) -> dict:
+  """The JSON side of checkpoint `step` (predict, export).
+
+  Raises:
+    UsageError: the checkpoint cannot be read.
+  """
+  try:
+    return ckpt.restore_meta(step)
+  except checkpointing.DamagedCheckpointError as e:
+    raise _unreadable(ckpt, step, e) from None
+
+
+def _unreadable(ckpt: checkpointing.Checkpointer, step: int,
+                e: checkpointing.DamagedCheckpointError) -> UsageError:
+  return UsageError(f'the checkpoint of step {step} in {ckpt.directory} '
+                    f'cannot be read ({str(e).splitlines()[0][:200]}); '
+                    'pick another with --step')
 
 
 def predict_table(setup: Setup, state: state_lib.TrainState,

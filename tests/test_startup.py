@@ -38,9 +38,9 @@ def test_importing_the_pipeline_and_the_runtime_imports_none():
   assert _slow_imports_after(
       'import input_pipeline.columns, input_pipeline.csv_regression, '
       'input_pipeline.order, input_pipeline.tables, meshfit.checkpointing, '
-      'meshfit.config_files, meshfit.evaluate, meshfit.loop, meshfit.metrics, '
-      'meshfit.plots, meshfit.predict, meshfit.state, meshfit.steps, '
-      'meshfit.writers') == []
+      'meshfit.config_files, meshfit.evaluate, meshfit.export, meshfit.loop, '
+      'meshfit.metrics, meshfit.plots, meshfit.predict, meshfit.state, '
+      'meshfit.steps, meshfit.writers') == []
 
 
 def _load_twice(dataset, train_rows: int) -> list[str]:
