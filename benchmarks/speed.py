@@ -76,11 +76,12 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from bench_common import markdown_table, mlp_loss  # noqa: E402
 from configs import default  # noqa: E402
+from input_pipeline import tables  # noqa: E402
 from input_pipeline.tables import Table  # noqa: E402
 from meshfit import (call_plan, config as config_lib, data,  # noqa: E402
                      feeding, in_flight, loop, runtime, sharding,
                      state as state_lib, steps)
-from meshfit.normalization import Normalizer  # noqa: E402
+from meshfit.features import FeatureStats, InputLayout  # noqa: E402
 from models import mlp  # noqa: E402
 
 SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
@@ -177,8 +178,7 @@ class Data:
 
     def table(rows: slice) -> Table:
       return Table(self.x_NxF[rows], self.y_NxT[rows],
-                   tuple(f'x{i}' for i in range(f)),
-                   tuple(f'y{i}' for i in range(t)))
+                   tables.generated_plan(f, t))
     return data.Splits(train=table(slice(None)),
                        eval=table(slice(0, eval_rows)))
 
@@ -505,12 +505,13 @@ class _MeshfitParts:
     config = _meshfit_config(size, dtype='float32', num_train_steps=None,
                              checkpoint_every_seconds=None, cache_dir='')
     self.config, self.data, self.size = config, data, size
-    self.setup = runtime.make_setup(config_lib.parse(config),
-                                    size.num_features, size.num_targets)
-    self.norm = Normalizer.fit(data.x_NxF, data.y_NxT)  # host arrays
+    self.layout = InputLayout.numbers(size.num_features)
+    self.setup = runtime.make_setup(config_lib.parse(config), self.layout,
+                                    size.num_targets)
+    self.stats = FeatureStats.fit(self.layout, data.x_NxF, data.y_NxT)
     self.state = state_lib.create_train_state(
         self.setup.arch, self.setup.tx, self.setup.mesh, config.seed,
-        self.norm)
+        self.stats)
     self.resident = feeding.fits_on_device(data.x_NxF, data.y_NxT,
                                            config.dataset.resident_table_mb)
 
@@ -526,8 +527,8 @@ class _MeshfitParts:
   def table(self, feed: feeding.TrainFeed) -> dict[str, jax.Array]:
     if not self.resident:
       return {}
-    return steps.jit_standardize(self.setup.mesh)(self.norm,
-                                                  feed.device_table())
+    return steps.jit_encode(self.setup.mesh, self.layout)(
+        self.stats, feed.device_table())
 
 
 class Pipeline(Variant):
@@ -535,7 +536,7 @@ class Pipeline(Variant):
 
   The TrainFeed's chunks plus what the jitted call does with them before
   the model sees a batch (gathering the rows of the resident table, or
-  standardising streamed rows), for every batch of the call; nothing trained.
+  encoding streamed rows), for every batch of the call; nothing trained.
   """
 
   def __init__(self, size: Size, data: Data):
@@ -544,12 +545,14 @@ class Pipeline(Variant):
     self._parts = _MeshfitParts(size, data)
     self._k = _steps_per_call(self._parts.config, size)
     chunk_sharding = sharding.chunk_sharding(self._parts.setup.mesh)
+    layout = self._parts.layout
 
-    def batches(norm, table_z, chunk):
+    def batches(stats, table_z, chunk):
       if 'idx' in chunk:
         out = {name: a[chunk['idx']] for name, a in table_z.items()}
-      else:
-        out = steps.standardize(norm, {'x': chunk['x'], 'y': chunk['y']})
+      else:  # each of the K batches as train_call encodes it
+        out = jax.vmap(lambda x, y: steps.encode(
+            stats, layout, {'x': x, 'y': y}))(chunk['x'], chunk['y'])
       return jax.lax.with_sharding_constraint(out, chunk_sharding)
     # Placed as train_call places a chunk (see steps.jit_train_call).
     self._batches = jax.jit(batches, in_shardings=(None, None,
@@ -561,15 +564,15 @@ class Pipeline(Variant):
     try:
       chunks = feed.chunks(itertools.repeat(self._k))
       table_z = parts.table(feed)
-      norm = parts.norm
+      stats = parts.stats
       _, chunk = next(chunks)
-      jax.block_until_ready(self._batches(norm, table_z, chunk))
+      jax.block_until_ready(self._batches(stats, table_z, chunk))
       calls = -(-num_steps // self._k)
       bounded = _Bounded(always=True)
       start = time.perf_counter()
       for _ in range(calls):
         _, chunk = next(chunks)
-        bounded.add(self._batches(norm, table_z, chunk))
+        bounded.add(self._batches(stats, table_z, chunk))
       bounded.drain()
       return (time.perf_counter() - start) * num_steps / (calls * self._k)
     finally:
@@ -586,8 +589,9 @@ class MeshfitCalls(Variant):
         's' if steps_per_call > 1 else '')
     self._parts, self._k = parts, steps_per_call
     self._step = steps.jit_train_call(
-        parts.setup.graphdef, parts.setup.tx, parts.setup.shardings,
-        parts.setup.mesh, parts.config.log_every_steps)
+        parts.setup.graphdef, parts.layout, parts.setup.tx,
+        parts.setup.shardings, parts.setup.mesh,
+        parts.config.log_every_steps)
     self._state = parts.state
     self.run(2 * steps_per_call)
 

@@ -25,14 +25,29 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.eval_path = ''
   # csv_regression only: tuple of the column names to predict (one or more).
   config.dataset.target_columns = ()
-  # csv_regression only: tuple of input columns; () = every other numeric one.
+  # csv_regression only: tuple of input columns; () = every other usable one
+  # (ids and free text, with nearly one value per row, are left out).
   config.dataset.feature_columns = ()
+  # csv_regression only: columns to treat as categories whatever they hold,
+  # e.g. integer codes (text columns are categories anyway).
+  config.dataset.categorical_columns = ()
   # TFDS split names for training and evaluation.
   config.dataset.train_split = 'train'
   config.dataset.eval_split = 'test'
-  # Train on features and targets standardised with the training split's
-  # mean and std (stored in the checkpoint); metrics stay in original units.
+  # Train on features and targets scaled with the training split's
+  # statistics (stored in the checkpoint); metrics stay in original units.
+  # False trains on the raw numbers (and fails on missing ones).
   config.dataset.standardize = True
+  # How numbers are scaled: standardize (mean and std) or quantile (to a
+  # normal distribution through 128 training quantiles: robust to outliers
+  # and skew). Missing numbers take the training median and get a learned
+  # indicator input.
+  config.dataset.numeric_scaling = 'standardize'
+  # Fraction of the training split held out (seeded, the same every run) to
+  # pick the best step: evaluated every eval_every_steps, its best
+  # checkpoint is kept beside the newest ones and eval/predict use it.
+  # 0: no validation.
+  config.dataset.validation_fraction = 0.0
   # Chunks of steps_per_call batches that a thread prepares ahead when the
   # table is streamed from the host (a resident table's chunks are made
   # when needed: they are only row indices).
@@ -54,6 +69,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dtype = 'float32'
   # Storage dtype of the parameters, optimizer moments and checkpoints.
   config.model.param_dtype = 'float32'
+  # How each number enters the network: none (the scaled value itself) or
+  # ple (piecewise-linear encoding over ple_bins bins, then a learned
+  # per-number layer of numeric_embedding_dim; Gorishniy et al. 2022).
+  config.model.numeric_embedding = 'none'
+  config.model.ple_bins = 16
+  config.model.numeric_embedding_dim = 16
+  # Width of each category's learned embedding (at most its number of
+  # values, unknown and missing included).
+  config.model.category_embedding_dim = 8
 
   config.optimizer = ml_collections.ConfigDict()
   # sgd, adam or adamw.
@@ -95,8 +119,12 @@ def get_config() -> ml_collections.ConfigDict:
   # speed (0: none by the clock). Ten minutes costs one save per ten minutes.
   # The final and SIGTERM checkpoints are always written.
   config.checkpoint_every_seconds = 600.0
-  # Checkpoints kept in workdir/checkpoints (the newest ones).
+  # Checkpoints kept in workdir/checkpoints (the newest ones; with
+  # validation, the best one is kept beside them).
   config.max_checkpoints_to_keep = 3
+  # With validation: stop once this many evaluations in a row have not
+  # improved on the best (0: train every step).
+  config.early_stopping_evals = 0
 
   config.mesh = ml_collections.ConfigDict()
   # Device mesh shape (data x model); -1 means "all remaining devices".

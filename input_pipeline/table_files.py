@@ -1,11 +1,12 @@
-"""Users' CSV and Parquet tables, read with every cell checked.
+"""Users' CSV and Parquet tables: reading them, checked.
 
-A file is Parquet when its name ends in `.parquet` or `.pq` and CSV (comma
-separated, with a header row) otherwise. Every problem with a file's content
-raises `DataError` naming the file and, where there is one, the column and
-the first bad row. Rows are counted as *data rows*, 1-based, the header not
-counted: data row 1 is the first row under the header (line 2 of a plain
-CSV file).
+A file is Parquet when its name ends in `.parquet` or `.pq` and CSV (a header
+row; fields separated by commas, semicolons, tabs or bars, detected from the
+header) otherwise. Every problem with a file raises `DataError` naming the
+file and, where there is one, the column and the first bad row (what a cell
+may hold is the column plan's to check: column_plan.py). Rows are counted as
+*data rows*, 1-based, the header not counted: data row 1 is the first row
+under the header (line 2 of a plain CSV file).
 
 pandas and pyarrow are imported by the functions that parse or write a file,
 not with this module: they are slow to import, and a training run on an
@@ -16,11 +17,10 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from input_pipeline.errors import DataError
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
   import pandas as pd
 
 PARQUET_SUFFIXES = ('.parquet', '.pq')
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def is_parquet(path: str) -> bool:
@@ -84,12 +83,33 @@ def _duplicate_error(name: str, header: Sequence[object]) -> DataError | None:
   return None
 
 
+# Besides pandas' own (NA, N/A, NaN, null, an empty cell, ...), a cell that
+# means "missing" in files as they come: the UCI repository's '?'.
+MISSING_TOKENS = ('?',)
+# Field separators a header is checked for, in order of preference.
+DELIMITERS = (',', ';', '\t', '|')
+
+
+def detect_delimiter(data: bytes) -> str:
+  """The field separator of a CSV file, read from its header line.
+
+  The one of DELIMITERS that the header holds most often (outside quotes);
+  a comma when it holds none (a one-column file).
+  """
+  header = data.split(b'\n', 1)[0].decode('utf-8', errors='replace')
+  unquoted = re.sub(r'"[^"]*"', '', header)
+  counts = {d: unquoted.count(d) for d in DELIMITERS}
+  best = max(DELIMITERS, key=lambda d: counts[d])
+  return best if counts[best] else ','
+
+
 def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
   # skipinitialspace: "a, b" headers and values are common in hand-made
   # files. index_col=False: rows with one field more than the header would
   # otherwise silently shift every column onto the first one as an index.
-  options = dict(skipinitialspace=True, index_col=False)
+  delimiter = detect_delimiter(data)
+  options = dict(skipinitialspace=True, index_col=False, sep=delimiter)
   try:
     with warnings.catch_warnings():
       # The warning for rows longer than the header: data would be dropped.
@@ -97,14 +117,17 @@ def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
       # pandas renames a repeated column 'a' to 'a.1'; read the header raw.
       header = pd.read_csv(io.BytesIO(data), header=None, nrows=1, dtype=str,
                            keep_default_na=False, **options).iloc[0].tolist()
-      frame = pd.read_csv(io.BytesIO(data), **options)
+      frame = pd.read_csv(io.BytesIO(data), na_values=list(MISSING_TOKENS),
+                          **options)
   except pd.errors.EmptyDataError:
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row') from None
   except (pd.errors.ParserError, pd.errors.ParserWarning, UnicodeDecodeError,
           ValueError) as e:
+    separated = {',': 'comma', ';': 'semicolon', '\t': 'tab',
+                 '|': 'bar'}[delimiter]
     raise DataError(f'{name} is not a readable CSV file ({_one_line(e)}); '
-                     'check that every row has as many comma-separated '
+                     f'check that every row has as many {separated}-separated '
                      'fields as the header, or name a Parquet file .parquet'
                      ) from None
   if (error := _duplicate_error(name, header)) is not None:
@@ -167,114 +190,6 @@ def missing_column_error(frame: pd.DataFrame, column: str, name: str,
   return DataError(
       f'{name} has no column {column!r}{role}{hint}; its columns are: '
       f'{", ".join(map(str, frame.columns))}')
-
-
-def _is_number_dtype(values: pd.Series) -> bool:
-  import pandas as pd  # noqa: PLC0415  (see the module doc)
-  return bool(pd.api.types.is_bool_dtype(values)
-              or pd.api.types.is_numeric_dtype(values))
-
-
-def _as_numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
-  """(float64 values, which cells hold something that is not a number)."""
-  import pandas as pd  # noqa: PLC0415  (see the module doc)
-  if _is_number_dtype(values):
-    numbers = values.to_numpy(np.float64, na_value=np.nan)
-    return numbers, np.zeros(len(values), bool)
-  numbers = pd.to_numeric(values, errors='coerce').to_numpy(
-      np.float64, na_value=np.nan)
-  # Coercion turns both text and empty cells into NaN; only text is "not a
-  # number", empty cells are reported as missing.
-  return numbers, np.isnan(numbers) & values.notna().to_numpy()
-
-
-def looks_numeric(values: pd.Series) -> bool:
-  """Numbers, or text of which at least one cell reads as a number.
-
-  A text column with one typo among its numbers counts as numeric, so the
-  typo is reported instead of the column being silently left out.
-  """
-  if _is_number_dtype(values):
-    return True
-  numbers, _ = _as_numbers(values)
-  return bool(np.isfinite(numbers).any())
-
-
-def numeric_matrix(frame: pd.DataFrame, columns: Sequence[str], path: str,
-                   source: str = '', role: str = '') -> np.ndarray:
-  """The named columns as float32, every value checked.
-
-  Args:
-    frame: a frame from `read_frame` / `parse`.
-    columns: column names, in the order of the result's columns; other
-      columns of the frame are ignored.
-    path: the file the frame came from, named in messages.
-    source: the setting or flag the path came from, named in messages.
-    role: what the columns are, for the missing-column message (e.g.
-      'a feature the model was trained on').
-
-  Returns:
-    matrix_NxC, float32, rows in file order.
-
-  Raises:
-    DataError: a column is missing, or a cell is empty, NaN, infinite, not
-      a number or beyond float32; the message names the column and the first
-      bad data row (1-based, header not counted) over all `columns`.
-  """
-  name = describe(path, source)
-  role = f' ({role})' if role else ''
-  n = frame.shape[0]
-  matrix_NxC = np.empty((n, len(columns)), np.float32)
-  first_bad = None  # (row, column index, problem, bad cells in column)
-  for c, column in enumerate(columns):
-    if column not in frame.columns:
-      raise missing_column_error(frame, column, name, role)
-    values = frame[column]
-    numbers, not_number = _as_numbers(values)
-    bad = not_number | ~np.isfinite(numbers) | (
-        np.abs(numbers) > _FLOAT32_MAX)
-    if bad.any():
-      row = int(np.argmax(bad))
-      if first_bad is None or row < first_bad[0]:
-        cell = values.iloc[row]
-        if not_number[row]:
-          problem = f'{cell!r} is not a number'
-        elif np.isnan(numbers[row]):
-          problem = 'the value is missing (empty or NaN)'
-        elif np.isinf(numbers[row]):
-          problem = f'{numbers[row]:g} is not a finite number'
-        else:
-          problem = f'{numbers[row]:g} is too large for float32'
-        first_bad = (row, c, problem, int(bad.sum()))
-      continue
-    matrix_NxC[:, c] = numbers
-  if first_bad is not None:
-    row, c, problem, count = first_bad
-    more = f' ({count} bad values in this column)' if count > 1 else ''
-    raise DataError(
-        f'{name}, column {columns[c]!r}, data row {row + 1} (1-based, header '
-        f'not counted): {problem}{more}; fix or remove that row')
-  return matrix_NxC
-
-
-def read_features(path: str, feature_names: Sequence[str],
-                  source: str = '') -> np.ndarray:
-  """The feature matrix for a trained model's `feature_names`.
-
-  Args:
-    path: a CSV or Parquet file; extra columns are ignored.
-    feature_names: the columns to read, in the model's order.
-    source: the flag the path came from (e.g. '--input'), named in messages.
-
-  Returns:
-    x_NxF, float32, rows in file order.
-
-  Raises:
-    DataError: the file is unreadable, lacks one of `feature_names` (named)
-      or holds a bad value in one of them.
-  """
-  return numeric_matrix(read_frame(path, source), feature_names, path, source,
-                        role='a feature the model was trained on')
 
 
 def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,

@@ -10,6 +10,7 @@ prepared, already read data imports neither TensorFlow nor TFDS.
 """
 
 import dataclasses
+import json
 import os
 import urllib.parse
 import uuid
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from absl import logging
 
-from input_pipeline import csv_regression
+from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 
 if TYPE_CHECKING:
@@ -31,31 +32,27 @@ if TYPE_CHECKING:
 GENERATED_DATASETS = ('synthetic_regression/linear',
                       'synthetic_regression/friedman1')
 _GENERATED_VERSION = '1.0.0'
-# csv_regression is prepared from the user's files by `csv_regression.prepare`.
-KNOWN_DATASETS = GENERATED_DATASETS + (csv_regression.NAME,)
 # Where `read_split` keeps parsed splits, inside a prepared dataset's
 # directory. The number changes whenever `load_table` would read a split
 # differently, so that tables parsed by an older meshfit are not used.
-_PARSED_DIR = 'meshfit_tables.v1'
+_PARSED_DIR = 'meshfit_tables.v2'
 
 
 @dataclasses.dataclass(frozen=True)
 class Table:
-  """One split, whole, in the order TFDS stores it.
+  """One split, whole, in file (or TFDS) order, encoded by its column plan.
 
   Attributes:
-    x_NxF: features, float32, one row per example.
+    x_NxF: the model's inputs, float32, one row per example, one column per
+      input of `plan` (numbers with NaN where missing, category codes).
     y_NxT: targets, float32, one row per example.
-    feature_names: F names, one per column of `x_NxF`: the file's column
-      names for csv_regression, else 'x0', 'x1', ...
-    target_names: T names, one per column of `y_NxT`: the file's column
-      names for csv_regression, else 'y' (T = 1) or 'y0', 'y1', ...
+    plan: what each column is: the file's columns for csv_regression,
+      numbers 'x0', 'x1', ... and target 'y' (or 'y0', ...) otherwise.
   """
 
   x_NxF: np.ndarray
   y_NxT: np.ndarray
-  feature_names: tuple[str, ...]
-  target_names: tuple[str, ...]
+  plan: ColumnPlan
 
   def __post_init__(self):
     for name, array in (('x_NxF', self.x_NxF), ('y_NxT', self.y_NxT)):
@@ -69,20 +66,40 @@ class Table:
           f'x_NxF has {self.x_NxF.shape[0]} rows but y_NxT has '
           f'{self.y_NxT.shape[0]}.'
       )
-    if len(self.feature_names) != self.x_NxF.shape[1]:
+    if len(self.plan.input_names) != self.x_NxF.shape[1]:
       raise ValueError(
-          f'{len(self.feature_names)} feature_names for '
+          f'{len(self.plan.input_names)} inputs in the plan for '
           f'{self.x_NxF.shape[1]} feature columns.'
       )
-    if len(self.target_names) != self.y_NxT.shape[1]:
+    if len(self.plan.targets) != self.y_NxT.shape[1]:
       raise ValueError(
-          f'{len(self.target_names)} target_names for '
+          f'{len(self.plan.targets)} targets in the plan for '
           f'{self.y_NxT.shape[1]} target columns.'
       )
 
   @property
   def num_examples(self) -> int:
     return self.x_NxF.shape[0]
+
+  @property
+  def feature_names(self) -> tuple[str, ...]:
+    """The name of each input column (a datetime's parts apart)."""
+    return self.plan.input_names
+
+  @property
+  def target_names(self) -> tuple[str, ...]:
+    return self.plan.targets
+
+  def rows(self, index: np.ndarray) -> 'Table':
+    """The table of the rows `index` selects, in that order."""
+    return Table(self.x_NxF[index], self.y_NxT[index], self.plan)
+
+
+def generated_plan(num_features: int, num_targets: int) -> ColumnPlan:
+  """The plan of a generated dataset: numbers x0, x1, ... -> y (or y0, ...)."""
+  return ColumnPlan.numeric(
+      tuple(f'x{i}' for i in range(num_features)),
+      ('y',) if num_targets == 1 else tuple(f'y{i}' for i in range(num_targets)))
 
 
 def check_data_dir(data_dir: str) -> None:
@@ -97,7 +114,8 @@ def check_data_dir(data_dir: str) -> None:
 def _check_generated(name: str, data_dir: str) -> None:
   if name not in GENERATED_DATASETS:
     raise DataError(
-        f'unknown dataset {name!r}; use one of: {", ".join(KNOWN_DATASETS)}.'
+        f'unknown dataset {name!r}; use one of: '
+        f'{", ".join(GENERATED_DATASETS)}.'
     )
   check_data_dir(data_dir)
 
@@ -200,7 +218,7 @@ def _float_vector_feature(
     raise DataError(
         f'dataset {builder.info.full_name} needs a float32 vector feature '
         f'{key!r}, but its features are {features}; use one of: '
-        f'{", ".join(KNOWN_DATASETS)}.'
+        f'{", ".join(GENERATED_DATASETS)}.'
     )
   return feature
 
@@ -276,15 +294,8 @@ def load_table(builder: 'tfds.core.DatasetBuilder', split: str) -> Table:
         f'{x_NxF.shape[0]}; delete that directory and prepare the dataset '
         'again.'
     )
-  names = csv_regression.column_names(builder)
-  if names is None:  # Generated datasets have no column names of their own.
-    names = (
-        tuple(f'x{i}' for i in range(x_NxF.shape[1])),
-        ('y',) if y_NxT.shape[1] == 1
-        else tuple(f'y{i}' for i in range(y_NxT.shape[1])),
-    )
-  return Table(x_NxF=x_NxF, y_NxT=y_NxT, feature_names=names[0],
-               target_names=names[1])
+  return Table(x_NxF=x_NxF, y_NxT=y_NxT,
+               plan=generated_plan(x_NxF.shape[1], y_NxT.shape[1]))
 
 
 def _parsed_path(directory: str, split: str) -> str:
@@ -299,8 +310,7 @@ def _load_parsed(path: str) -> Table | None:
   try:
     with np.load(path, allow_pickle=False) as arrays:
       return Table(x_NxF=arrays['x_NxF'], y_NxT=arrays['y_NxT'],
-                   feature_names=tuple(map(str, arrays['feature_names'])),
-                   target_names=tuple(map(str, arrays['target_names'])))
+                   plan=ColumnPlan.from_json(json.loads(str(arrays['plan']))))
   except FileNotFoundError:
     return None
   except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
@@ -319,8 +329,7 @@ def _save_parsed(path: str, table: Table) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(tmp, 'xb') as f:
       np.savez(f, x_NxF=table.x_NxF, y_NxT=table.y_NxT,
-               feature_names=np.array(table.feature_names, np.str_),
-               target_names=np.array(table.target_names, np.str_))
+               plan=np.array(json.dumps(table.plan.to_json())))
     os.replace(tmp, path)
   except OSError as e:  # A read-only data_dir, a full disk.
     logging.warning('Could not keep the parsed split in %s (%s); later runs '

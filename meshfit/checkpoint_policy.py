@@ -4,7 +4,11 @@ Every checkpoint the config asks for is written: one every
 `checkpoint_every_steps` steps, and one whenever `checkpoint_every_seconds`
 of training have passed since the last, so that a run killed at any moment
 loses at most that much work whatever its speed. Both are decided at the
-end of a call, the same on every host.
+end of a call, the same on every host. With validation, the state of each
+new best validation loss is kept (a device copy) and written, with that
+loss, before the next checkpoint of a later step, so that retention keeps it
+beside the newest ones (checkpointing.Checkpointer) and every checkpoint on
+disk has its best on disk too, at the cost of no extra writes.
 
 With one process, a periodic checkpoint copies the state on device (the next
 call consumes the original) and, once the losses up to it are known to be
@@ -54,6 +58,8 @@ class LoopCheckpoints:
     self._copy = jax.jit(lambda s: jax.tree.map(jnp.copy, s),
                          out_shardings=shardings)
     self._last = time.monotonic()
+    # (step, state copy, meta, validation loss) of a best not yet written.
+    self._best: tuple | None = None
 
   def due(self, step: int) -> bool:
     """Whether the config asks for a checkpoint at `step` (a call's end).
@@ -70,9 +76,35 @@ class LoopCheckpoints:
       due = bool(multihost_utils.broadcast_one_to_all(np.bool_(due)))
     return due
 
+  def note_best(self, step: int, state: state_lib.TrainState,
+                val_loss: float) -> state_lib.TrainState:
+    """Keeps the best state so far, to be written before the next save.
+
+    Returns:
+      The device copy kept (the caller may evaluate it later).
+    """
+    copy = self._copy(state)
+    self._best = (step, copy, self._meta(), val_loss)
+    return copy
+
+  def _write_best(self) -> int | None:
+    """Writes the best kept, if any not yet written; returns its step."""
+    if self._best is None:
+      return None
+    step, copy, meta, val_loss = self._best
+    self._best = None
+    if self._saver is None:
+      self._watch.drain()
+      self._ckpt.save(step, copy, meta, val_loss)
+    else:
+      self._watch.once_checked(lambda: self._saver.submit(
+          step, copy, meta, self._writer.pending(), val_loss))
+    return step
+
   def save_periodic(self, step: int, state: state_lib.TrainState) -> None:
-    """A periodic checkpoint of `state` (the last call's result) at `step`."""
+    """A checkpoint of `state` (the last call's result) at `step`."""
     self._last = time.monotonic()
+    self._write_best()
     if self._saver is None:
       self.save_now(step, state)
       return
@@ -87,11 +119,12 @@ class LoopCheckpoints:
     checkpoint waiting on those checks to the background writer.
     """
     self._last = time.monotonic()
+    best = self._write_best()
     self._watch.drain()  # never save a state whose loss was not checked
     self._writer.flush()  # nor one whose logs could be lost to a crash
     if self._saver is not None:
       self._saver.wait()
-    if step not in self._ckpt.all_steps():
+    if step != best and step not in self._ckpt.all_steps():
       self._ckpt.save(step, state, self._meta())
 
   def wait(self) -> None:

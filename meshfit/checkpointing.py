@@ -6,6 +6,11 @@ config the state was trained with. Restores go into the shardings of the
 *current* mesh (an abstract target built from it), so a checkpoint written
 on one mesh loads on any other.
 
+Retention keeps the newest `max_to_keep` checkpoints and, beside them, the
+one saved with the lowest validation loss (`metrics`): Orbax's own
+preservation policies, the best kept by its metric and never counted among
+the newest (a best-only policy would evict the newest, orbax#526).
+
 A checkpoint that cannot be restored (no commit marker, truncated or missing
 files) is never deleted: training moves it to `workdir/damaged_checkpoints/`
 with a warning naming its step and resumes from the newest intact one.
@@ -22,6 +27,7 @@ import jax
 import orbax.checkpoint as ocp
 from absl import logging
 from jax.experimental import multihost_utils
+from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from meshfit.errors import UsageError
 from meshfit.state import TrainState
@@ -29,6 +35,8 @@ from meshfit.state import TrainState
 # Orbax writes this file last, into every finished checkpoint.
 COMMIT_MARKER = 'commit_success.txt'
 DAMAGED_DIR = 'damaged_checkpoints'
+# The metric a best checkpoint is saved with (lower is better).
+BEST_METRIC = 'val_loss'
 
 
 class DamagedCheckpointError(Exception):
@@ -50,10 +58,17 @@ class Checkpointer:
     self.workdir = os.path.abspath(workdir)
     self.directory = os.path.join(self.workdir, 'checkpoints')
     self._read_only = read_only
+    keep = preservation_policy.AnyPreservationPolicy([
+        preservation_policy.LatestN(max_to_keep),
+        preservation_policy.BestN(
+            get_metric_fn=_best_metric, reverse=True, n=1,
+            keep_checkpoints_without_metrics=False)])
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
+            preservation_policy=keep,
+            # Also makes Orbax write (and read back) a checkpoint's metrics.
+            best_fn=_best_metric, best_mode='min',
             create=not read_only,
             read_only=read_only,
             enable_async_checkpointing=not read_only),
@@ -66,14 +81,29 @@ class Checkpointer:
     return os.path.exists(os.path.join(self.directory, str(step),
                                        COMMIT_MARKER))
 
-  def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> None:
+  def save(self, step: int, state: TrainState, meta: dict[str, Any],
+           val_loss: float | None = None) -> None:
     """Starts an async save; arrays are copied off-device before it returns.
 
     Errors of an earlier async save are raised here, not swallowed.
+
+    Args:
+      step: the state's step.
+      state: the state.
+      meta: its JSON side.
+      val_loss: the validation loss of `state`, when this is a best
+        checkpoint (kept beside the newest ones).
     """
     self._manager.save(step, args=ocp.args.Composite(
         state=ocp.args.StandardSave(state),
-        meta=ocp.args.JsonSave(meta)), force=True)
+        meta=ocp.args.JsonSave(meta)), force=True,
+        metrics=None if val_loss is None else {BEST_METRIC: val_loss})
+
+  def best_step(self) -> int | None:
+    """The step of the best checkpoint by validation loss, if there is one."""
+    steps = [s for s in self.all_steps() if self._manager.metrics(s)]
+    return min(steps, key=lambda s: _best_metric(self._manager.metrics(s)),
+               default=None)
 
   def restore_meta(self, step: int) -> dict[str, Any]:
     """The JSON side of a checkpoint: cheap, read before the arrays."""
@@ -119,12 +149,16 @@ class Checkpointer:
     self._manager.reload()
 
   def step_to_restore(self, step: int | None) -> int:
-    """`step`, or the newest intact one, checked to exist (eval, predict)."""
+    """`step`, or the best (by validation) or else newest intact one,
+    checked to exist (eval, predict, export)."""
     steps = self.all_steps()
     if not steps:
       raise UsageError(f'no checkpoint in {self.directory}; train first '
                        '(python train.py --workdir=...)')
     if step is None:
+      best = self.best_step()
+      if best is not None and self.is_committed(best):
+        return best
       intact = [s for s in steps if self.is_committed(s)]
       if not intact:
         raise UsageError(f'every checkpoint in {self.directory} is '
@@ -144,6 +178,10 @@ class Checkpointer:
     self._manager.close()
 
 
+def _best_metric(metrics: dict[str, float]) -> float:
+  return metrics[BEST_METRIC]
+
+
 class BackgroundSaver:
   """Writes checkpoints from a thread, so training need not wait for one.
 
@@ -158,7 +196,7 @@ class BackgroundSaver:
   def __init__(self, ckpt: Checkpointer):
     self._ckpt = ckpt
     self._cond = threading.Condition()
-    self._waiting: tuple[int, TrainState, dict[str, Any], list] | None = None
+    self._waiting: tuple | None = None  # (step, state, meta, wait_for, loss)
     self._busy = False
     self._closed = False
     self._error: BaseException | None = None
@@ -167,7 +205,8 @@ class BackgroundSaver:
     self._thread.start()
 
   def submit(self, step: int, state: TrainState, meta: dict[str, Any],
-             wait_for: Iterable[concurrent.futures.Future] = ()) -> None:
+             wait_for: Iterable[concurrent.futures.Future] = (),
+             val_loss: float | None = None) -> None:
     """Queues a checkpoint of `state` (a copy the caller will not change).
 
     Args:
@@ -176,13 +215,14 @@ class BackgroundSaver:
       meta: its JSON side.
       wait_for: what must be done before the checkpoint exists (the metric
         writes of its steps: a resumed run never logs them again).
+      val_loss: its validation loss, when it is a best checkpoint.
     """
     with self._cond:
       self._raise_error()
       while self._waiting is not None and not self._closed:
         self._cond.wait()
       self._raise_error()
-      self._waiting = (step, state, meta, list(wait_for))
+      self._waiting = (step, state, meta, list(wait_for), val_loss)
       self._cond.notify_all()
 
   def _run(self) -> None:
@@ -192,14 +232,14 @@ class BackgroundSaver:
           self._cond.wait()
         if self._waiting is None:
           return
-        step, state, meta, wait_for = self._waiting
+        step, state, meta, wait_for, val_loss = self._waiting
         self._waiting = None
         self._busy = True
         self._cond.notify_all()
       try:
         for future in wait_for:
           future.result()
-        self._ckpt.save(step, state, meta)
+        self._ckpt.save(step, state, meta, val_loss)
         self._ckpt.wait()
       except BaseException as e:  # noqa: BLE001 (raised in the loop's thread)
         with self._cond:

@@ -22,6 +22,9 @@ from models.mlp import MlpConfig
 
 OPTIMIZERS = ('sgd', 'adam', 'adamw')
 SCHEDULES = ('constant', 'warmup_cosine')
+NUMERIC_SCALINGS = ('standardize', 'quantile')
+NUMERIC_EMBEDDINGS = ('none', 'ple')
+KNOWN_DATASETS = tables.GENERATED_DATASETS + (csv_regression.NAME,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +36,12 @@ class DatasetConfig:
   eval_path: str
   target_columns: tuple[str, ...]
   feature_columns: tuple[str, ...]
+  categorical_columns: tuple[str, ...]
   train_split: str
   eval_split: str
   standardize: bool
+  numeric_scaling: str
+  validation_fraction: float
   prefetch_batches: int
   resident_table_mb: int
 
@@ -76,6 +82,7 @@ class Config:
   checkpoint_every_steps: int
   checkpoint_every_seconds: float
   max_checkpoints_to_keep: int
+  early_stopping_evals: int
   mesh: MeshConfig
   compilation_cache_dir: str
   plots: bool
@@ -91,7 +98,7 @@ _SECTIONS = {'dataset': DatasetConfig, 'model': MlpConfig,
              'optimizer': OptimizerConfig, 'mesh': MeshConfig}
 # Sequences arrive as lists from JSON; the config holds tuples.
 _TUPLES = ('dataset.target_columns', 'dataset.feature_columns',
-           'model.hidden_sizes')
+           'dataset.categorical_columns', 'model.hidden_sizes')
 
 
 def _build(cls, raw: Mapping[str, Any], prefix: str = ''):
@@ -161,7 +168,7 @@ def _check_top(config: Config) -> None:
     _require(_is_int(value) and value > 0,
              f'{key}={value!r} must be a positive integer')
   for key in ('profile_start_step', 'steps_per_call',
-              'checkpoint_every_steps'):
+              'checkpoint_every_steps', 'early_stopping_evals'):
     value = getattr(config, key)
     _require(_is_int(value) and value >= 0,
              f'{key}={value!r} must be an integer >= 0')
@@ -179,9 +186,16 @@ def _check_top(config: Config) -> None:
 
 
 def _check_dataset(dataset: DatasetConfig) -> None:
-  _require(dataset.name in tables.KNOWN_DATASETS,
+  _require(dataset.name in KNOWN_DATASETS,
            f'dataset.name {dataset.name!r} is unknown; use one of '
-           f'{", ".join(tables.KNOWN_DATASETS)}')
+           f'{", ".join(KNOWN_DATASETS)}')
+  _require(dataset.numeric_scaling in NUMERIC_SCALINGS,
+           f'dataset.numeric_scaling {dataset.numeric_scaling!r} is unknown; '
+           f'use one of {", ".join(NUMERIC_SCALINGS)}')
+  _require(_is_number(dataset.validation_fraction)
+           and 0 <= dataset.validation_fraction < 1,
+           f'dataset.validation_fraction={dataset.validation_fraction!r} must '
+           'be in [0, 1) (0: no validation)')
   _require(_is_int(dataset.prefetch_batches) and dataset.prefetch_batches > 0,
            f'dataset.prefetch_batches={dataset.prefetch_batches!r} must be a '
            'positive integer')
@@ -197,16 +211,18 @@ def _check_dataset(dataset: DatasetConfig) -> None:
              f'dataset.{key} is empty; csv_regression needs the path of a CSV '
              f'or Parquet file with a header row, e.g. '
              f'--config.dataset.{key}=data/{key.split("_")[0]}.csv')
-  for key in ('target_columns', 'feature_columns'):
+  for key in ('target_columns', 'feature_columns', 'categorical_columns'):
     value = getattr(dataset, key)
     _require(isinstance(value, tuple),
              f"dataset.{key}={value!r} must be a tuple of column names, e.g. "
              f"--config.dataset.{key}='(\"a\", \"b\")'")
-  check_column_selection(dataset.target_columns, dataset.feature_columns)
+  check_column_selection(dataset.target_columns, dataset.feature_columns,
+                         dataset.categorical_columns)
 
 
 def check_column_selection(target_columns: Sequence[str],
-                           feature_columns: Sequence[str]) -> None:
+                           feature_columns: Sequence[str],
+                           categorical_columns: Sequence[str] = ()) -> None:
   """Targets given, no name twice, no target among the features.
 
   Raises:
@@ -216,7 +232,8 @@ def check_column_selection(target_columns: Sequence[str],
            'dataset.target_columns is empty; name the column(s) to predict, '
            "e.g. --config.dataset.target_columns='(\"y\",)'")
   for key, columns in (('dataset.target_columns', target_columns),
-                       ('dataset.feature_columns', feature_columns)):
+                       ('dataset.feature_columns', feature_columns),
+                       ('dataset.categorical_columns', categorical_columns)):
     for column in columns:
       _require(isinstance(column, str) and bool(column),
                f'{key} holds {column!r}; give column names as non-empty '
@@ -229,6 +246,17 @@ def check_column_selection(target_columns: Sequence[str],
            '(dataset.target_columns) and a feature (dataset.feature_columns); '
            'a model cannot take its own answer as input: remove it from '
            'dataset.feature_columns')
+  targets = [c for c in categorical_columns if c in target_columns]
+  _require(not targets,
+           f'column {targets[0] if targets else ""!r} is a target '
+           '(dataset.target_columns) and named in dataset.categorical_columns;'
+           ' targets are numbers: remove it from dataset.categorical_columns')
+  unused = [c for c in categorical_columns
+            if feature_columns and c not in feature_columns]
+  _require(not unused,
+           f'column {unused[0] if unused else ""!r} is named in '
+           'dataset.categorical_columns but not in dataset.feature_columns; '
+           'add it to the features or remove it')
 
 
 def _check_model(model: MlpConfig) -> None:
@@ -246,6 +274,13 @@ def _check_model(model: MlpConfig) -> None:
     value = getattr(model, key)
     _require(value in mlp.DTYPES, f'model.{key} {value!r} is unknown; use one '
              f'of {", ".join(mlp.DTYPES)}')
+  _require(model.numeric_embedding in NUMERIC_EMBEDDINGS,
+           f'model.numeric_embedding {model.numeric_embedding!r} is unknown; '
+           f'use one of {", ".join(NUMERIC_EMBEDDINGS)}')
+  for key in ('ple_bins', 'numeric_embedding_dim', 'category_embedding_dim'):
+    value = getattr(model, key)
+    _require(_is_int(value) and value > 0,
+             f'model.{key}={value!r} must be a positive integer')
 
 
 def _check_optimizer(opt: OptimizerConfig) -> None:

@@ -25,9 +25,11 @@ EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
 # Keys a resumed run may change: they decide how long and how observably it
 # runs and where, not what the checkpointed state means. (num_train_steps
 # also stretches or shrinks the warmup_cosine schedule from that step on.)
+# The training file may move: every checkpoint records its content, which
+# must be the same.
 RESUME_SAFE_KEYS = EVAL_KEYS + (
-    'num_train_steps', 'log_every_steps', 'eval_every_steps',
-    'checkpoint_every_steps', 'checkpoint_every_seconds',
+    'dataset.train_path', 'num_train_steps', 'log_every_steps',
+    'eval_every_steps', 'checkpoint_every_steps', 'checkpoint_every_seconds',
     'max_checkpoints_to_keep', 'steps_per_call',
     'dataset.resident_table_mb', 'profile_start_step', 'profile_num_steps')
 

@@ -5,6 +5,7 @@ import os
 
 import jax
 import ml_collections
+import numpy as np
 
 from meshfit import (checkpointing, compilation_cache, config as config_lib,
                      data, plots, runtime)
@@ -22,10 +23,13 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   Args:
     config: the run's saved config (evaluation keys may be overridden).
     workdir: the run's workdir.
-    step: the checkpoint to evaluate; None takes the newest intact one.
+    step: the checkpoint to evaluate; None takes the best by validation
+      (when the run validated) or else the newest intact one.
 
   Returns:
-    {"step", "split", "num_examples", "mse", "rmse", "mae", "r2"}.
+    {"step", "split", "num_examples", "mse", "rmse", "mae", "r2",
+    "targets": {name: {"mse", "rmse", "mae", "r2"}}}: overall values average
+    the targets', each target's are in its own units.
   """
   config = config_lib.parse(config)
   config_lib.check_devices(config, jax.device_count())
@@ -33,16 +37,18 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   ckpt = checkpointing.Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.step_to_restore(step)
-    table = data.load_eval_split(config.dataset)
-    setup = runtime.make_setup(config, table.x_NxF.shape[1],
-                               table.y_NxT.shape[1])
+    plan, layout = runtime.read_model(runtime.restore_meta(ckpt, step), step,
+                                      ckpt.directory)
+    table = data.load_eval_split(config.dataset, plan)
+    setup = runtime.make_setup(config, layout, len(plan.targets))
     state = runtime.restore(ckpt, setup, step)
   finally:
     ckpt.close()
   scores = runtime.evaluate_table(setup, state, table, config.eval_batch_size)
   result = {'step': step, 'split': config.dataset.eval_split,
             'num_examples': scores['num_examples'],
-            **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')}}
+            **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')},
+            'targets': scores['targets']}
   if jax.process_index() == 0:
     os.makedirs(os.path.join(workdir, 'eval'), exist_ok=True)
     with atomic_write(os.path.join(workdir, 'eval', f'step_{step}.json')) as f:
@@ -56,6 +62,8 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
       plots.write_predictions_figure(
           os.path.join(workdir, 'eval', f'step_{step}_predictions.png'),
           table.y_NxT, pred_NxT, table.target_names,
+          train_mean_T=(None if setup.arch.layout.scaling == 'none' else
+                        np.asarray(jax.device_get(state.stats.y_mean_T))),
           title=(f'{os.path.basename(os.path.abspath(workdir))}: step {step}'
                  f', split {config.dataset.eval_split!r} of '
                  f'{config.dataset.name}'))

@@ -7,10 +7,12 @@ One directory, written whole or not at all:
   model.json        what both take and return, and where they come from
 
 Both artifacts take raw features, in the units of the training data, and
-return predictions in the targets' original units: the standardisation
-(`meshfit/normalization.py`) is inside them, its statistics baked in as
-constants beside the parameters. A client that had to standardise its own
-inputs would, the day it forgot, get wrong predictions and no error.
+return predictions in the targets' original units: filling missing numbers,
+scaling (`meshfit/features.py`) and, in the SavedModel, the column plan's
+encoding of text and dates (`export_tf.py`) are inside them, their
+statistics and vocabularies baked in as constants beside the parameters. A
+client that had to scale or encode its own inputs would, the day it got
+them wrong, get wrong predictions and no error.
 
 Both are lowered once, for a symbolic batch size and one device: the
 checkpoint is restored onto a one-device mesh whatever mesh trained it, so
@@ -25,12 +27,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import json
-import keyword
 import os
-import re
 import shutil
 import uuid
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -39,30 +40,28 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from input_pipeline import csv_regression
+from input_pipeline import column_plan, csv_regression
+from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
-from meshfit import (checkpointing, config as config_lib, data, predict,
-                     runtime, sharding, state as state_lib, steps)
+from meshfit import (checkpointing, config as config_lib, data, export_tf,
+                     predict, runtime, sharding, state as state_lib, steps)
 from meshfit.config import Config
 from meshfit.errors import UsageError
-from meshfit.normalization import Normalizer
+from meshfit.features import FeatureStats, InputLayout
+
+if TYPE_CHECKING:
+  import pandas as pd
 
 JAX_EXPORT_FILE = 'model.jax_export'
 SAVED_MODEL_DIR = 'saved_model'
 MODEL_CARD_FILE = 'model.json'
-SIGNATURE = 'serving_default'
+SIGNATURE = export_tf.SIGNATURE
 # Bumped when model.json or the artifacts' calling convention changes.
-FORMAT = 'meshfit.export/1'
+FORMAT = 'meshfit.export/2'
 # Lowered for every platform a server is likely to run on, not only the one
 # exporting: a CPU-exported model then also serves on a GPU or a TPU (the
 # artifact picks the platform it runs on).
 PLATFORMS = ('cpu', 'cuda', 'tpu')
-# Names a signature cannot take as they are: Python's keywords, and 'self',
-# which TensorFlow's own signature wrapper takes.
-RESERVED_NAMES = frozenset(keyword.kwlist) | {'self'}
-# Every column is a number for now; a column plan with categories would add
-# kinds (and the artifacts would take their codes).
-NUMBER_KIND = 'number'
 # Artifact against meshfit's own forward pass on the probe rows, relative to
 # the largest prediction: a real defect (a column out of place, the
 # standardisation missing) is off by far more than rounding.
@@ -99,21 +98,19 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
         'it on one host without --coordinator_address (a checkpoint loads '
         'on any mesh)')
   check_output_dir(output_dir)  # before anything slow
-  step, feature_names, target_names, setup, state = _restore_on_one_device(
-      config, workdir, step)
-  scores, missing = eval_metrics(config, workdir, step, setup, state,
-                                 feature_names, target_names)
-  forward = forward_fn(setup.graphdef, state)
-  input_names = signature_names(feature_names)
-  output_names = tuple(predict.prediction_columns(target_names))
+  step, plan, setup, state = _restore_on_one_device(config, workdir, step)
+  scores, missing = eval_metrics(config, workdir, step, setup, state, plan)
+  forward = forward_fn(setup.graphdef, setup.arch.layout, state)
+  input_names = export_tf.signature_names(plan.feature_names)
+  output_names = tuple(predict.prediction_columns(plan.targets))
   tmp = _temporary_dir(output_dir)
   try:
-    tf_version, check = write_artifacts(
-        tmp, forward, probe_rows(jax.device_get(state.norm)), input_names,
-        output_names)
-    card = model_card(config, workdir, step, feature_names, target_names,
-                      input_names, output_names, tf_version, scores, missing,
-                      check)
+    probe = probe_frame(plan, setup.arch.layout,
+                        jax.device_get(state.stats))
+    tf_version, check = write_artifacts(tmp, forward, plan, probe,
+                                        input_names, output_names)
+    card = model_card(config, workdir, step, plan, input_names,
+                      output_names, tf_version, scores, missing, check)
     with open(os.path.join(tmp, MODEL_CARD_FILE), 'w', encoding='utf-8') as f:
       json.dump(card, f, indent=2)
       f.write('\n')
@@ -129,21 +126,18 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
 
 def _restore_on_one_device(
     config: Config, workdir: str, step: int | None
-) -> tuple[int, tuple[str, ...], tuple[str, ...], runtime.Setup,
-           state_lib.TrainState]:
-  """(step, feature names, target names, set-up, state) of a checkpoint,
-  restored onto a one-device mesh whatever mesh trained it."""
+) -> tuple[int, ColumnPlan, runtime.Setup, state_lib.TrainState]:
+  """(step, column plan, set-up, state) of a checkpoint, restored onto a
+  one-device mesh whatever mesh trained it."""
   ckpt = checkpointing.Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.step_to_restore(step)
-    meta = runtime.restore_meta(ckpt, step)
-    feature_names, target_names = predict.column_names(meta, step,
-                                                       ckpt.directory)
+    plan, layout = runtime.read_model(runtime.restore_meta(ckpt, step), step,
+                                      ckpt.directory)
     one_device = sharding.make_mesh(1, 1, jax.local_devices()[:1])
-    setup = runtime.make_setup(config, len(feature_names), len(target_names),
+    setup = runtime.make_setup(config, layout, len(plan.targets),
                                mesh=one_device)
-    return (step, feature_names, target_names, setup,
-            runtime.restore(ckpt, setup, step))
+    return step, plan, setup, runtime.restore(ckpt, setup, step)
   finally:
     ckpt.close()
 
@@ -163,17 +157,20 @@ def check_output_dir(path: str) -> None:
                      'directory, or remove that one first')
 
 
-def forward_fn(graphdef: nnx.GraphDef, state: state_lib.TrainState
+def forward_fn(graphdef: nnx.GraphDef, layout: InputLayout,
+               state: state_lib.TrainState
                ) -> Callable[[jax.Array], jax.Array]:
-  """`x_BxF -> pred_BxT` in original units, the state's arrays as constants.
+  """`x_BxI -> pred_BxT` in original units, the state's arrays as constants.
 
-  The arrays are copied to the host, so that tracing the function embeds
-  them in the program as constants, whatever device they were on.
+  x_BxI is the column plan's input matrix (numbers with NaN where missing,
+  category codes, a date's parts). The arrays are copied to the host, so
+  that tracing the function embeds them in the program as constants,
+  whatever device they were on.
   """
   host = jax.device_get(state)
 
-  def forward(x_BxF: jax.Array) -> jax.Array:
-    return steps.predict(graphdef, host, x_BxF)
+  def forward(x_BxI: jax.Array) -> jax.Array:
+    return steps.predict(graphdef, layout, host, x_BxI)
   return forward
 
 
@@ -185,124 +182,83 @@ def export_forward(forward: Callable[[jax.Array], jax.Array],
   return jax.export.export(jax.jit(forward), platforms=PLATFORMS)(x_spec)
 
 
-def signature_names(names: Sequence[str]) -> tuple[str, ...]:
-  """Names that a SavedModel signature keeps as they are, one per column.
+def probe_frame(plan: ColumnPlan, layout: InputLayout,
+                stats: FeatureStats) -> pd.DataFrame:
+  """Four rows of every used column, as a user's table would hold them.
 
-  TensorFlow rejects some argument names (spaces, '$', a leading '_',
-  non-ASCII letters, RESERVED_NAMES) and silently renames others ('x/y'
-  becomes 'x_y', '1st' 'arg_1st'); a client could not know which. So a name
-  that is a plain identifier stays as it is, and every other one is made
-  one: each run of other characters becomes '_' (none at either end), 'f_'
-  goes before a leading digit, '_' after a reserved name, 'column_<i>'
-  replaces a name with nothing left, and '_<i>' is appended to a name
-  already taken (i being the column's position). model.json records the
-  mapping.
-
-  Args:
-    names: the column names, in order.
-
-  Returns:
-    One signature name per column, all different.
+  Numbers at their training quartiles and missing; categories as values of
+  the vocabulary, one never seen and missing; dates near their training
+  quartiles and missing: rows where every column and every path of the
+  encoding matters, in the range the model was trained on.
   """
-  def kept(name: str) -> bool:
-    return (re.fullmatch(r'[A-Za-z][A-Za-z0-9_]*', name) is not None
-            and name not in RESERVED_NAMES)
-
-  # Reserved first, so that another column's cleaned name cannot take them.
-  taken = {name for name in names if kept(name)}
-  out = []
-  for i, name in enumerate(names):
-    if kept(name):
-      out.append(name)
-      continue
-    clean = re.sub(r'[^A-Za-z0-9_]+', '_', name).strip('_')
-    if not clean:
-      clean = f'column_{i}'
-    elif not clean[0].isalpha():
-      clean = f'f_{clean}'
-    if clean in RESERVED_NAMES:
-      clean += '_'
-    if clean in taken:
-      clean = f'{clean}_{i}'
-    while clean in taken:  # only if another column is named like that too
-      clean += '_'
-    taken.add(clean)
-    out.append(clean)
-  return tuple(out)
+  import pandas as pd  # noqa: PLC0415  (only export needs it)
+  quartiles = stats.quantiles_NxQ[:, [len(stats.quantiles_NxQ[0]) // 4,
+                                      len(stats.quantiles_NxQ[0]) * 3 // 4,
+                                      len(stats.quantiles_NxQ[0]) // 2]]
+  numbers = {layout.number_columns[n]: quartiles[n]
+             for n in range(len(layout.number_columns))}
+  if layout.scaling == 'none':  # no quantiles: around the fill value
+    numbers = {c: stats.fill_N[n] + np.array([-1.0, 1.0, 0.0])
+               for n, c in enumerate(layout.number_columns)}
+  columns, i = {}, 0
+  for column in plan.used:
+    if column.kind in ('number', 'boolean'):
+      columns[column.name] = [*map(float, numbers[i]), np.nan]
+    elif column.kind == 'category':
+      seen = list(column.vocabulary[:2]) or ['']
+      columns[column.name] = [seen[0], seen[-1], '(never seen)', None]
+    else:
+      days = numbers[plan.input_names.index(f'{column.name}.days')]
+      columns[column.name] = [
+          (pd.Timestamp('1970-01-01') + pd.Timedelta(days=float(d))
+           ).strftime('%Y-%m-%dT%H:%M:%S') for d in days] + [None]
+    i += len(column.input_names)
+  return pd.DataFrame(columns)
 
 
-def probe_rows(norm: Normalizer) -> np.ndarray:
-  """probe_3xF: the training mean, and a standard deviation either side.
-
-  Rows where every column matters, in the range the model was trained on.
-  """
-  offsets_3x1 = np.array([[-1.0], [0.0], [1.0]], np.float32)
-  return norm.x_mean_F[None] + offsets_3x1 * norm.x_std_F[None]
+def signature_columns(plan: ColumnPlan, frame: pd.DataFrame,
+                      input_names: Sequence[str]) -> dict[str, np.ndarray]:
+  """The SavedModel's inputs for the rows of `frame`, by signature name."""
+  out = {}
+  for name, column in zip(input_names, plan.used):
+    values = frame[column.name]
+    if export_tf.input_dtype(column.kind) == 'string':
+      out[name] = np.array(['' if v is None or v != v else str(v)
+                            for v in values], object)
+    else:
+      out[name] = values.to_numpy(np.float32)
+  return out
 
 
 def write_artifacts(directory: str, forward: Callable[[jax.Array], jax.Array],
-                    probe_PxF: np.ndarray, input_names: Sequence[str],
-                    output_names: Sequence[str]
+                    plan: ColumnPlan, probe: pd.DataFrame,
+                    input_names: Sequence[str], output_names: Sequence[str]
                     ) -> tuple[str, dict[str, float]]:
   """Writes and checks the jax.export artifact and the SavedModel.
 
   Returns:
     (TensorFlow's version, `check_artifacts`' differences).
   """
-  exported = export_forward(forward, len(input_names))
+  exported = export_forward(forward, len(plan.input_names))
   with open(os.path.join(directory, JAX_EXPORT_FILE), 'wb') as f:
     f.write(exported.serialize())
-  tf_version = write_saved_model(
-      forward, os.path.join(directory, SAVED_MODEL_DIR), input_names,
-      output_names)
-  return tf_version, check_artifacts(directory, forward, probe_PxF,
+  tf_version = export_tf.write_saved_model(
+      forward, os.path.join(directory, SAVED_MODEL_DIR), plan, input_names,
+      output_names, PLATFORMS)
+  return tf_version, check_artifacts(directory, forward, plan, probe,
                                      input_names, output_names)
 
 
-def write_saved_model(forward: Callable[[jax.Array], jax.Array], path: str,
-                      input_names: Sequence[str],
-                      output_names: Sequence[str]) -> str:
-  """Writes `forward` as a SavedModel with one tensor per column.
-
-  The signature takes one float32 [b] tensor per feature (named by
-  `input_names`, the columns' order being fixed inside) and returns one per
-  target: the columnar form TensorFlow Serving's REST API takes as
-  `{"inputs": {"<name>": [...], ...}}`. The model itself is the same
-  StableHLO as the jax.export artifact (jax2tf's native serialization), run
-  by TensorFlow's XlaCallModule op.
-
-  Returns:
-    TensorFlow's version.
-  """
-  import tensorflow as tf  # noqa: PLC0415  (only export needs TensorFlow)
-  from jax.experimental import jax2tf  # noqa: PLC0415  (imports TensorFlow)
-
-  forward_tf = jax2tf.convert(
-      forward, polymorphic_shapes=[f'(b, {len(input_names)})'],
-      with_gradient=False, native_serialization_platforms=PLATFORMS)
-  specs = {n: tf.TensorSpec([None], tf.float32, name=n) for n in input_names}
-
-  @tf.function(input_signature=[specs], autograph=False)
-  def serve(columns):
-    x_BxF = tf.stack([columns[n] for n in input_names], axis=1)
-    pred_BxT = forward_tf(x_BxF)
-    return {name: pred_BxT[:, t] for t, name in enumerate(output_names)}
-
-  # Only as a signature: a tf.function also attached to the module would be
-  # saved as a second copy of the program, doubling the SavedModel.
-  tf.saved_model.save(tf.Module(), path,
-                      signatures={SIGNATURE: serve.get_concrete_function()})
-  return tf.__version__
-
-
 def check_artifacts(directory: str, forward: Callable[[jax.Array], jax.Array],
-                    probe_PxF: np.ndarray, input_names: Sequence[str],
+                    plan: ColumnPlan, probe: pd.DataFrame,
+                    input_names: Sequence[str],
                     output_names: Sequence[str]) -> dict[str, float]:
   """Loads both artifacts back and compares them with `forward`.
 
   Catches, at export rather than in serving, an artifact that its own
-  runtime cannot load (say, a TensorFlow too old for this StableHLO) or a
-  signature whose names TensorFlow changed.
+  runtime cannot load (say, a TensorFlow too old for this StableHLO), a
+  signature whose names TensorFlow changed, or TensorFlow's encoding of the
+  columns differing from the column plan's.
 
   Returns:
     {artifact: max |artifact - forward| / max |forward|} on the probe rows.
@@ -311,26 +267,21 @@ def check_artifacts(directory: str, forward: Callable[[jax.Array], jax.Array],
     RuntimeError: an artifact is off by more than CHECK_TOLERANCE, or its
       signature's names are not `input_names` and `output_names`.
   """
-  import tensorflow as tf  # noqa: PLC0415  (only export needs TensorFlow)
-
-  expected_PxT = np.asarray(jax.jit(forward)(probe_PxF))
+  x_PxI, _ = plan.encode(probe, 'probe')
+  expected_PxT = np.asarray(jax.jit(forward)(x_PxI))
   with open(os.path.join(directory, JAX_EXPORT_FILE), 'rb') as f:
     exported = jax.export.deserialize(bytearray(f.read()))
-  served = tf.saved_model.load(os.path.join(directory, SAVED_MODEL_DIR)
-                               ).signatures[SIGNATURE]
-  inputs = served.structured_input_signature[1]
-  outputs = served.structured_outputs
-  if set(inputs) != set(input_names) or set(outputs) != set(output_names):
+  saved = os.path.join(directory, SAVED_MODEL_DIR)
+  inputs, outputs = export_tf.signature_of(saved)
+  if inputs != set(input_names) or outputs != set(output_names):
     raise RuntimeError(
         f'the SavedModel signature takes {sorted(inputs)} and returns '
         f'{sorted(outputs)}, not {sorted(input_names)} and '
         f'{sorted(output_names)}')
-  columns = served(**{n: tf.constant(probe_PxF[:, f])
-                      for f, n in enumerate(input_names)})
   results = {
-      JAX_EXPORT_FILE: np.asarray(exported.call(probe_PxF)),
-      SAVED_MODEL_DIR: np.stack([columns[n].numpy() for n in output_names],
-                                axis=1),
+      JAX_EXPORT_FILE: np.asarray(exported.call(x_PxI)),
+      SAVED_MODEL_DIR: export_tf.serve_saved_model(
+          saved, signature_columns(plan, probe, input_names), output_names),
   }
   scale = max(float(np.max(np.abs(expected_PxT))), np.finfo(np.float32).tiny)
   check = {}
@@ -345,7 +296,7 @@ def check_artifacts(directory: str, forward: Callable[[jax.Array], jax.Array],
 
 def eval_metrics(config: Config, workdir: str, step: int,
                  setup: runtime.Setup, state: state_lib.TrainState,
-                 feature_names: Sequence[str], target_names: Sequence[str]
+                 plan: ColumnPlan
                  ) -> tuple[dict[str, object] | None, str | None]:
   """The checkpoint's metrics on the eval split, for the model card.
 
@@ -370,28 +321,21 @@ def eval_metrics(config: Config, workdir: str, step: int,
   except (OSError, ValueError):
     pass  # none, or unreadable: computed instead
   try:
-    table = data.load_eval_split(config.dataset)
+    table = data.load_eval_split(config.dataset, plan)
   except (DataError, UsageError, OSError) as e:
     reason = (f'the eval split {config.dataset.eval_split!r} could not be '
               f'read: {str(e).splitlines()[0][:300]}')
-    logging.warning('Exporting without eval metrics: %s', reason)
-    return None, reason
-  if (table.feature_names != tuple(feature_names)
-      or table.target_names != tuple(target_names)):
-    reason = (f'the eval split {config.dataset.eval_split!r} has columns '
-              f'{table.feature_names + table.target_names}, not the '
-              f'checkpoint\'s {tuple(feature_names) + tuple(target_names)}')
     logging.warning('Exporting without eval metrics: %s', reason)
     return None, reason
   scores = runtime.evaluate_table(setup, state, table, config.eval_batch_size)
   return {'source': 'computed by --mode=export (not written to the workdir)',
           'step': step, 'split': config.dataset.eval_split,
           'num_examples': scores['num_examples'],
-          **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')}}, None
+          **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')},
+          'targets': scores['targets']}, None
 
 
-def model_card(config: Config, workdir: str, step: int,
-               feature_names: Sequence[str], target_names: Sequence[str],
+def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,
                input_names: Sequence[str], output_names: Sequence[str],
                tf_version: str, scores: dict[str, object] | None,
                missing: str | None, check: dict[str, float]
@@ -400,29 +344,45 @@ def model_card(config: Config, workdir: str, step: int,
   units = ('original units of the training file'
            if config.dataset.name == csv_regression.NAME else
            f'original units of the dataset {config.dataset.name!r}')
+
+  def feature(column: column_plan.Column, name: str) -> dict:
+    entry = {'name': column.name, 'signature_input': name,
+             'kind': column.kind,
+             'dtype': export_tf.input_dtype(column.kind),
+             'inputs': list(column.input_names)}
+    if column.kind == 'category':
+      entry['vocabulary'] = list(column.vocabulary)
+    if column.kind in ('number', 'boolean'):
+      entry['units'] = units
+    return entry
   return {
       'format': FORMAT,
-      'features': [{'name': name, 'signature_input': input_names[i],
-                    'kind': NUMBER_KIND, 'dtype': 'float32', 'units': units}
-                   for i, name in enumerate(feature_names)],
+      'features': [feature(c, n) for c, n in zip(plan.used, input_names)],
+      'left_out': [{'name': c.name, 'reason': c.reason}
+                   for c in plan.left_out],
       'targets': [{'name': name, 'signature_output': output_names[i],
-                   'kind': NUMBER_KIND, 'dtype': 'float32', 'units': units}
-                  for i, name in enumerate(target_names)],
+                   'kind': 'number', 'dtype': 'float32', 'units': units}
+                  for i, name in enumerate(plan.targets)],
       'jax_export': {
           'file': JAX_EXPORT_FILE,
-          'input': (f'float32[b, {len(feature_names)}]: the features, '
-                    'columns in the order of "features", raw (the '
-                    'standardisation is inside)'),
-          'output': (f'float32[b, {len(target_names)}]: the predictions, '
+          'input': (f'float32[b, {len(plan.input_names)}]: the columns of '
+                    '"inputs", raw: numbers in their units (NaN where '
+                    'missing), a category as its code (0 unknown, 1 '
+                    'missing, 2 + its index in "vocabulary"), a date as its '
+                    'parts; filling and scaling are inside'),
+          'inputs': list(plan.input_names),
+          'output': (f'float32[b, {len(plan.targets)}]: the predictions, '
                      'columns in the order of "targets"'),
           'platforms': list(PLATFORMS)},
       'saved_model': {
           'directory': SAVED_MODEL_DIR, 'signature': SIGNATURE,
-          'inputs': ('one float32 [b] tensor per feature, named by its '
-                     '"signature_input"'),
+          'inputs': ('one [b] tensor per feature, named by its '
+                     '"signature_input": float32 numbers (NaN missing), '
+                     'booleans as 1/0, categories as text (empty missing), '
+                     'dates as ISO-8601 text (UTC)'),
           'outputs': ('one float32 [b] tensor per target, named by its '
                       '"signature_output"')},
-      'check': {'probe_rows': 3, 'max_relative_difference': check},
+      'check': {'probe_rows': 4, 'max_relative_difference': check},
       'step': step,
       'workdir': os.path.abspath(workdir),
       'dataset': config.dataset.name,

@@ -31,6 +31,11 @@ class InFlight(Generic[T]):
     self._pending.append(item)
 
   @property
+  def pending(self) -> int:
+    """How many items are in flight."""
+    return len(self._pending)
+
+  @property
   def newest(self) -> T:
     """The item added last."""
     return self._pending[-1]

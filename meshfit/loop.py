@@ -3,8 +3,8 @@
 Data travels one way: config -> mesh -> data -> state -> step ->
 metrics/checkpoints. The loop runs calls of many steps (`call_plan`), reads
 each call's losses one call behind (`loss_watch`), and at the end of a call
-logs, evaluates, checkpoints (`checkpoint_policy`), profiles or stops for a
-preemption.
+logs, evaluates (and validates: `validation`), checkpoints
+(`checkpoint_policy`), profiles or stops for a preemption.
 """
 
 import functools
@@ -23,10 +23,12 @@ from meshfit import (call_plan, checkpoint_policy, checkpointing,
                      data, feeding, metrics, optim, plots, runtime,
                      state as state_lib, steps, workdir_lock, writers)
 from meshfit.config import Config
+from meshfit.errors import UsageError
+from meshfit.features import FeatureStats, InputLayout
 from meshfit.loss_watch import LossWatch, NonFiniteLossError
-from meshfit.normalization import Normalizer
 from meshfit.preemption import Preempted, PreemptionWatch
 from meshfit.profiling import ProfileWindow
+from meshfit.validation import BestTracker, standardized_loss
 from models import mlp
 
 # Called after each train call is dispatched, with the step it reaches and
@@ -36,8 +38,7 @@ CallObserver = Callable[[int, jax.Array], None]
 
 def train_and_evaluate(config: ml_collections.ConfigDict | Config,
                        workdir: str, *, splits: data.Splits | None = None,
-                       on_call: CallObserver | None = None
-                       ) -> dict[str, float]:
+                       on_call: CallObserver | None = None) -> dict:
   """Trains `config` in `workdir` (resuming if it holds a run), then evaluates.
 
   Args:
@@ -47,7 +48,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
     on_call: called after each train call is dispatched (see CallObserver).
 
   Returns:
-    The final evaluation metrics.
+    The evaluation of the model eval and predict use (the best step's with
+    validation, else the last): mse, rmse, mae, r2, num_examples, per-target
+    values, and its step.
 
   Raises:
     UsageError: bad config, an incompatible checkpoint, or a workdir that
@@ -62,42 +65,49 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
                            jax.local_device_count())
   compilation_cache.configure(config.compilation_cache_dir)
   if splits is None:
-    splits = data.load_splits(config.dataset)
-  setup = runtime.make_setup(config, splits.train.x_NxF.shape[1],
-                             splits.train.y_NxT.shape[1])
+    splits = data.load_splits(config.dataset, config.seed)
+  train = splits.train
+  layout = InputLayout.of(train.plan.input_categories, train.x_NxF,
+                          config.dataset.numeric_scaling
+                          if config.dataset.standardize else 'none')
+  setup = runtime.make_setup(config, layout, train.y_NxT.shape[1])
   preemption = PreemptionWatch()
   try:
     with workdir_lock.WorkdirLock(workdir):
       ckpt = checkpointing.Checkpointer(
           workdir, max_to_keep=config.max_checkpoints_to_keep)
       try:
-        state, position = _restore_or_init(config, setup, ckpt, splits.train)
+        state, position, tracker = _restore_or_init(config, setup, ckpt,
+                                                    splits)
         final = _train(config, workdir, setup, splits, ckpt, preemption,
-                       state, position, on_call)
+                       state, position, tracker, on_call)
       finally:
         ckpt.wait()
         ckpt.close()
   finally:
     preemption.close()
-  if config.plots and jax.process_index() == 0:
-    plots.write_loss_curve(workdir, config.dataset.name,
-                           splits.train.target_names)
+  _summarize(config, workdir, final, splits)
   return final
 
 
 def _restore_or_init(config: Config, setup: runtime.Setup,
-                     ckpt: checkpointing.Checkpointer,
-                     train_table) -> tuple[state_lib.TrainState, int]:
-  """The newest intact checkpoint's state and input position, or a start.
+                     ckpt: checkpointing.Checkpointer, splits: data.Splits
+                     ) -> tuple[state_lib.TrainState, int, BestTracker]:
+  """The newest intact checkpoint's state, input position and best-step
+  tracker, or a fresh start.
 
   Damaged checkpoints are skipped with a warning naming their step and, once
   a restore succeeded, moved aside (never deleted).
+
+  Raises:
+    UsageError: the newest checkpoint was trained on other data or by an
+      older meshfit, or with an incompatible config (nothing is set aside).
   """
   damaged = []
   for step in reversed(ckpt.all_steps()):
     try:
       meta = ckpt.restore_meta(step)
-      config_files.check_resume_compatible(meta['config'], config, step)
+      _check_resumable(meta, config, splits, ckpt, step)
       target = state_lib.abstract_state(setup.arch, setup.tx, setup.mesh)
       state = ckpt.restore_state(step, target)
     except checkpointing.DamagedCheckpointError as e:
@@ -107,30 +117,48 @@ def _restore_or_init(config: Config, setup: runtime.Setup,
       continue
     ckpt.set_aside(damaged)
     logging.info('Resuming from the checkpoint of step %d.', step)
-    return state, int(meta['data_position'])
+    return (state, int(meta['data_position']),
+            BestTracker.from_json(meta.get('validation'),
+                                  config.early_stopping_evals))
   ckpt.set_aside(damaged)
-  norm = Normalizer.fit(train_table.x_NxF, train_table.y_NxT,
-                        config.dataset.standardize)
-  return state_lib.create_train_state(setup.arch, setup.tx, setup.mesh,
-                                      config.seed, norm), 0
+  stats = FeatureStats.fit(setup.arch.layout, splits.train.x_NxF,
+                           splits.train.y_NxT)
+  return (state_lib.create_train_state(setup.arch, setup.tx, setup.mesh,
+                                       config.seed, stats), 0,
+          BestTracker(config.early_stopping_evals))
+
+
+def _check_resumable(meta: dict, config: Config, splits: data.Splits,
+                     ckpt: checkpointing.Checkpointer, step: int) -> None:
+  """Refuses a checkpoint of other data, another meshfit or config."""
+  runtime.read_model(meta, step, ckpt.directory)
+  config_files.check_resume_compatible(meta['config'], config, step)
+  if meta.get('train_key') != splits.train_key:
+    path = config.dataset.train_path or config.dataset.name
+    raise UsageError(
+        f'the training data {path!r} is not what the checkpoint of step '
+        f'{step} in {ckpt.directory} was trained on (its content changed); '
+        'restore that file to resume, or train into a new --workdir')
 
 
 def _train(config: Config, workdir: str, setup: runtime.Setup,
            splits: data.Splits, ckpt: checkpointing.Checkpointer,
            preemption: PreemptionWatch, state: state_lib.TrainState,
-           position: int, on_call: CallObserver | None) -> dict[str, float]:
+           position: int, tracker: BestTracker,
+           on_call: CallObserver | None) -> dict:
   """The loop: calls of several steps, then whatever their last step asks."""
   initial_step = int(jax.device_get(state.step))
+  last_step = initial_step if tracker.stopped else config.num_train_steps
   is_main = jax.process_index() == 0
   if is_main:
     config_files.save_json(config, os.path.join(workdir, 'config.json'))
     writers.truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'),
                            initial_step)
   writer = writers.AsyncWriter(writers.create_writer(workdir, is_main))
-  train_call = steps.jit_train_call(setup.graphdef, setup.tx,
-                                    setup.shardings, setup.mesh,
+  train_call = steps.jit_train_call(setup.graphdef, setup.arch.layout,
+                                    setup.tx, setup.shardings, setup.mesh,
                                     config.log_every_steps)
-  eval_step = steps.jit_eval_step(setup.graphdef, setup.shardings, setup.mesh)
+  evaluations = _Evaluations(config, setup, splits, writer, tracker)
   # Jitted: op by op, the schedule cost the writer thread (and so the loop)
   # more than the rest of a log.
   schedule = jax.jit(optim.learning_rate_schedule(config.optimizer,
@@ -141,19 +169,17 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
   checkpoints = checkpoint_policy.LoopCheckpoints(
       ckpt, watch, writer, setup.shardings, lambda: {
           'data_position': feed.position, 'config': config.to_dict(),
-          # What --mode=predict reads from a user's file.
-          'feature_names': splits.train.feature_names,
-          'target_names': splits.train.target_names},
+          'train_key': splits.train_key, 'validation': tracker.to_json(),
+          **runtime.model_meta(splits.train.plan, setup.arch.layout)},
       config.checkpoint_every_steps, config.checkpoint_every_seconds)
   try:
     feed, calls = _plan(config, setup, splits.train, profile, initial_step,
-                        position)
+                        last_step, position)
   except BaseException:
     checkpoints.close()
     raise
-  table_z = ({} if not feed.resident else
-             steps.jit_standardize(setup.mesh)(state.norm,
-                                               feed.device_table()))
+  table_z = ({} if not feed.resident else steps.jit_encode(
+      setup.mesh, setup.arch.layout)(state.stats, feed.device_table()))
   speed = _StepsPerSecond(initial_step)
   try:
     if preemption.received:
@@ -168,35 +194,34 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
       watch.add(done + 1, n, losses_K)
       if on_call is not None:
         on_call(step, losses_K)
-      last = step == config.num_train_steps
+      last = step == last_step
       if step % config.log_every_steps == 0 or last:
-        # Computed and written by the writer's thread, once checked.
-        scalars = functools.partial(_train_scalars, train_metrics, schedule,
-                                    step, speed(step))
-        watch.once_checked(functools.partial(writer.write_scalars, step,
-                                             scalars))
-      if checkpoints.due(step) and not last:
+        watch.once_checked(functools.partial(
+            _log_train, writer, speed, train_metrics, schedule, step))
+      if step % config.eval_every_steps == 0 or last:
+        watch.drain()  # train and eval steps share the in-flight bound
+        val_loss = evaluations.at(step, state)
+        if val_loss is not None:
+          evaluations.best_state = checkpoints.note_best(step, state,
+                                                         val_loss)
+        speed.pause()
+        last = last or tracker.stopped
+      if last:
+        checkpoints.save_now(step, state)
+      elif checkpoints.due(step):
         checkpoints.save_periodic(step, state)
       watch.settle()
       profile.after(step, watch)
-      if step % config.eval_every_steps == 0 and not last:
-        watch.drain()  # train and eval steps share the in-flight bound
-        _write_eval(writer, step, runtime.evaluate_table(
-            setup, state, splits.eval, config.eval_batch_size, eval_step))
-        speed.pause()
-      if last:
-        checkpoints.save_now(step, state)
       # Every host asks after the same calls, numbered alike.
       if preemption.should_stop(call_index):
         checkpoints.save_now(step, state)
         checkpoints.wait()
         writer.flush()
         raise Preempted(step)
+      if last:
+        break
     watch.drain()
-    final = runtime.evaluate_table(setup, state, splits.eval,
-                                   config.eval_batch_size, eval_step)
-    _write_eval(writer, int(jax.device_get(state.step)), final)
-    return final
+    return evaluations.final(state, ckpt, workdir)
   except NonFiniteLossError as e:
     # The state of step e.step - 1 produced the bad loss: a checkpoint of it
     # is not good either. Set it aside (kept, not deleted) so that a rerun
@@ -215,8 +240,72 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
     writer.close()
 
 
+class _Evaluations:
+  """The loop's evaluations: the eval split, and the validation rows."""
+
+  def __init__(self, config: Config, setup: runtime.Setup,
+               splits: data.Splits, writer: writers.AsyncWriter,
+               tracker: BestTracker):
+    self._config, self._setup, self._splits = config, setup, splits
+    self._writer, self.tracker = writer, tracker
+    self._step = steps.jit_eval_step(setup.graphdef, setup.arch.layout,
+                                     setup.shardings, setup.mesh)
+    self.best_state = None  # a device copy of the best step's state
+    self._last: tuple[int, dict] | None = None
+
+  def _evaluate(self, state, table) -> dict:
+    return runtime.evaluate_table(self._setup, state, table,
+                                  self._config.eval_batch_size, self._step)
+
+  def at(self, step: int, state: state_lib.TrainState) -> float | None:
+    """Evaluates `state` on the eval split, and on the validation rows.
+
+    Returns:
+      The validation loss if this is the best step so far, else None.
+    """
+    result = self._evaluate(state, self._splits.eval)
+    self._last = (step, result)
+    scalars = _eval_scalars('eval', result)
+    improved = False
+    if self._splits.validation is not None:
+      validation = self._evaluate(state, self._splits.validation)
+      loss = standardized_loss(
+          validation, np.asarray(jax.device_get(state.stats.y_std_T)),
+          self._splits.train.target_names)
+      scalars.update({**_eval_scalars('val', validation), 'val/loss': loss})
+      improved = self.tracker.update(step, loss)
+    self._writer.write_scalars(step, scalars)
+    self._writer.flush()
+    return self.tracker.best_loss if improved else None
+
+  def final(self, state: state_lib.TrainState,
+            ckpt: checkpointing.Checkpointer, workdir: str) -> dict:
+    """The evaluation of the model eval and predict use, with its step."""
+    step = int(jax.device_get(state.step))
+    if self._splits.validation is None or not self.tracker.best_step:
+      result = (self._last[1] if self._last and self._last[0] == step else
+                self._evaluate(state, self._splits.eval))
+      return {**result, 'step': step}
+    best = self.tracker.best_step
+    best_state = (state if best == step else self.best_state)
+    if best_state is None:  # a resumed run: read the best checkpoint back
+      best_state = runtime.restore(ckpt, self._setup, best)
+    return {**self._evaluate(best_state, self._splits.eval), 'step': best,
+            'val_loss': self.tracker.best_loss}
+
+
+def _eval_scalars(prefix: str, result: dict) -> dict[str, float]:
+  """The scalars of an evaluation: overall values, then each target's."""
+  scalars = {f'{prefix}/{k}': result[k] for k in ('mse', 'rmse', 'mae', 'r2')}
+  for target, values in result['targets'].items():
+    scalars.update({f'{prefix}/{k}/{target}': values[k]
+                    for k in ('rmse', 'mae', 'r2')})
+  return scalars
+
+
 def _plan(config: Config, setup: runtime.Setup, train_table,
-          profile: ProfileWindow, initial_step: int, position: int):
+          profile: ProfileWindow, initial_step: int, last_step: int,
+          position: int):
   """The feed of training chunks, and the lengths of the calls to come.
 
   Log, eval and checkpoint steps end a call (a checkpoint by the clock is
@@ -226,13 +315,13 @@ def _plan(config: Config, setup: runtime.Setup, train_table,
              config.checkpoint_every_steps)
   arch = setup.arch
   flops_per_step = 6.0 * mlp.num_params(
-      (arch.num_features, *arch.mlp.hidden_sizes, arch.num_targets)
-  ) * config.batch_size
+      (arch.layout.shape.width(arch.mlp), *arch.mlp.hidden_sizes,
+       arch.num_targets)) * config.batch_size
   max_steps_per_call = call_plan.choose_steps_per_call(
       config.steps_per_call, flops_per_step, jax.devices()[0].platform,
       periods)
-  calls = call_plan.plan_calls(initial_step, config.num_train_steps,
-                               max_steps_per_call, periods, profile.stops)
+  calls = call_plan.plan_calls(initial_step, last_step, max_steps_per_call,
+                               periods, profile.stops)
   resident = feeding.fits_on_device(train_table.x_NxF, train_table.y_NxT,
                                     config.dataset.resident_table_mb)
   feed = feeding.TrainFeed(
@@ -241,10 +330,19 @@ def _plan(config: Config, setup: runtime.Setup, train_table,
       resident=resident, position=position,
       prefetch=config.dataset.prefetch_batches)
   logging.info('Training steps %d..%d on a %s mesh, up to %d per call, '
-               'batches %s.', initial_step + 1, config.num_train_steps,
+               'batches %s.', initial_step + 1, last_step,
                dict(setup.mesh.shape), max_steps_per_call,
                'gathered on device' if resident else 'streamed from the host')
   return feed, calls
+
+
+def _log_train(writer: writers.AsyncWriter, speed: '_StepsPerSecond',
+               train_metrics: metrics.TrainMetrics, schedule: optax.Schedule,
+               step: int) -> None:
+  """Queues the train scalars of `step` (its call's losses are checked)."""
+  rate = speed(step)  # measured now that the call is known to be done
+  writer.write_scalars(step, functools.partial(
+      _train_scalars, train_metrics, schedule, step, rate))
 
 
 def _train_scalars(train_metrics: metrics.TrainMetrics,
@@ -259,7 +357,11 @@ def _train_scalars(train_metrics: metrics.TrainMetrics,
 
 
 class _StepsPerSecond:
-  """Training speed between logs; time spent evaluating is left out."""
+  """Training speed over a logging window; evaluations are left out.
+
+  Read when a call's losses have been checked, so the window's time is that
+  of finished calls, not of dispatches (which run ahead of the device).
+  """
 
   def __init__(self, step: int):
     self._step, self._time = step, time.perf_counter()
@@ -275,8 +377,26 @@ class _StepsPerSecond:
     return rate
 
 
-def _write_eval(writer: writers.ScalarWriter, step: int,
-                result: dict[str, float]) -> None:
-  writer.write_scalars(step, {f'eval/{k}': result[k]
-                              for k in ('mse', 'rmse', 'mae', 'r2')})
-  writer.flush()
+def _summarize(config: Config, workdir: str, final: dict,
+               splits: data.Splits) -> None:
+  """Draws the loss curve and logs the run's closing line."""
+  target_names = splits.train.target_names
+  curve = None
+  if config.plots and jax.process_index() == 0:
+    train_mean_T = splits.train.y_NxT.astype(np.float64).mean(axis=0)
+    mean_rmse = float(np.mean(np.sqrt(np.mean(
+        (splits.eval.y_NxT - train_mean_T)**2, axis=0))))
+    curve = plots.write_loss_curve(
+        workdir, config.dataset.name, target_names, mean_rmse,
+        final['step'] if 'val_loss' in final else None)
+  per_target = ''
+  if len(target_names) > 1:
+    per_target = '; ' + ', '.join(
+        f'{t} rmse={final["targets"][t]["rmse"]:.6g}' for t in target_names)
+  chosen = (f'best step {final["step"]} by validation loss '
+            f'{final["val_loss"]:.6g}' if 'val_loss' in final else
+            f'step {final["step"]}')
+  logging.info('Done: %s; eval rmse=%.6g mae=%.6g r2=%.4f on %d rows%s%s',
+               chosen, final['rmse'], final['mae'], final['r2'],
+               final['num_examples'], per_target,
+               f'; loss curve: {curve}' if curve else '')

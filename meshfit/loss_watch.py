@@ -48,8 +48,12 @@ class LossWatch:
     self._calls.add((first_step, num_steps, losses_K, []))
 
   def once_checked(self, action: Callable[[], None]) -> None:
-    """Runs `action` once the last added call's losses are known finite."""
-    self._calls.newest[3].append(action)
+    """Runs `action` once the last added call's losses are known finite (at
+    once if every call dispatched so far has been checked)."""
+    if self._calls.pending:
+      self._calls.newest[3].append(action)
+    else:
+      action()
 
   def settle(self) -> None:
     """Checks the oldest calls until at most MAX_IN_FLIGHT are unread."""

@@ -15,7 +15,7 @@ from clu import metrics as clu_metrics
 from flax import struct
 
 from meshfit.in_flight import fetched
-from meshfit.normalization import Normalizer
+from meshfit.features import FeatureStats
 
 
 @struct.dataclass
@@ -41,11 +41,11 @@ class RegressionSums(clu_metrics.Metric):
 
   @classmethod
   def from_model_output(cls, *, pred_BxT: jax.Array, y_BxT: jax.Array,
-                        mask_B: jax.Array, norm: Normalizer,
+                        mask_B: jax.Array, stats: FeatureStats,
                         **_) -> 'RegressionSums':
     w_Bx1 = mask_B[:, None].astype(jnp.float32)
     err_BxT = (pred_BxT - y_BxT) * w_Bx1
-    z_BxT = norm.standardize_y(y_BxT) * w_Bx1
+    z_BxT = stats.standardize_y(y_BxT) * w_Bx1
     return cls(count=w_Bx1.sum(),
                sse_T=(err_BxT**2).sum(axis=0),
                sae_T=jnp.abs(err_BxT).sum(axis=0),

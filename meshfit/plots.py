@@ -1,8 +1,10 @@
 """The pictures a run leaves in its workdir, drawn with matplotlib (Agg).
 
-`loss_curve.png` (end of training): train/loss and eval/rmse against step.
-`eval/step_<N>_predictions.png` (--mode=eval): predicted against actual,
-and residuals against predicted, one row of panels per target.
+`loss_curve.png` (end of training): train/loss (and val/loss) and eval/rmse
+against step. `eval/step_<N>_predictions.png` (--mode=eval): predicted
+against actual, and residuals against predicted, one row of panels per
+target. Each shows what predicting the training mean would score: an RMSE
+means something only beside it.
 
 Figures are built with the object-oriented API (`Figure`, no pyplot), so no
 global backend or figure state is touched and nothing needs a display.
@@ -47,13 +49,18 @@ def _log_scale_helps(values: np.ndarray) -> bool:
 
 
 def write_loss_curve(workdir: str, dataset: str,
-                     target_names: Sequence[str]) -> str | None:
+                     target_names: Sequence[str],
+                     mean_rmse: float | None = None,
+                     best_step: int | None = None) -> str | None:
   """Draws workdir/loss_curve.png from workdir/metrics.jsonl.
 
   Args:
     workdir: the run's workdir.
     dataset: the dataset's name, for the title.
     target_names: the targets, for the eval axis label.
+    mean_rmse: eval/rmse of predicting the training mean, drawn as a line.
+    best_step: the step eval and predict use (the best by validation),
+      marked on both panels.
 
   Returns:
     The PNG's path, or None when metrics.jsonl holds no losses.
@@ -62,10 +69,11 @@ def write_loss_curve(workdir: str, dataset: str,
   if not os.path.exists(path):
     return None
   records = writers.read_jsonl(path)
-  train = np.array([(r['step'], r['train/loss']) for r in records
-                    if 'train/loss' in r], np.float64).reshape(-1, 2)
-  evals = np.array([(r['step'], r['eval/rmse']) for r in records
-                    if 'eval/rmse' in r], np.float64).reshape(-1, 2)
+  def curve(name):
+    return np.array([(r['step'], r[name]) for r in records if name in r],
+                    np.float64).reshape(-1, 2)
+  train, evals, val = curve('train/loss'), curve('eval/rmse'), curve(
+      'val/loss')
   if not len(train) and not len(evals):
     return None
   fig = _new_figure(figsize=(10, 4), layout='constrained')
@@ -75,6 +83,17 @@ def write_loss_curve(workdir: str, dataset: str,
   panels = (
       (left, train, 'train/loss', 'MSE, standardised units', 'tab:blue'),
       (right, evals, 'eval/rmse', f'{rmse}, original units', 'tab:orange'))
+  if len(val):  # the loss of the validation rows, in the same units
+    left.plot(val[:, 0], val[:, 1], color='tab:green', label='val/loss',
+              marker='o' if len(val) <= 50 else None, markersize=3)
+  for ax, baseline in ((left, 1.0 if len(val) else None),
+                       (right, mean_rmse)):
+    if baseline is not None:
+      ax.axhline(baseline, color='grey', linestyle='--', linewidth=1,
+                 label=f'predicting the mean ({baseline:.4g})')
+    if best_step is not None:
+      ax.axvline(best_step, color='tab:red', linestyle=':', linewidth=1,
+                 label=f'best step by validation ({best_step})')
   for ax, curve, name, unit, color in panels:
     ax.set_xlabel('step')
     ax.set_ylabel(f'{name} ({unit})')
@@ -86,10 +105,11 @@ def write_loss_curve(workdir: str, dataset: str,
       continue
     ax.set_title(f'{name}: {curve[-1, 1]:.4g} at step {curve[-1, 0]:.0f}')
     # Markers only while they can be told apart.
-    ax.plot(curve[:, 0], curve[:, 1], color=color,
+    ax.plot(curve[:, 0], curve[:, 1], color=color, label=name,
             marker='o' if len(curve) <= 50 else None, markersize=3)
     if _log_scale_helps(curve[:, 1]):
       ax.set_yscale('log')
+    ax.legend(loc='upper right')
   left.set_xlim(left=0)
   last_step = max(c[-1, 0] for c in (train, evals) if len(c))
   fig.suptitle(f'{os.path.basename(os.path.abspath(workdir))}: {dataset}, '
@@ -102,6 +122,7 @@ def write_loss_curve(workdir: str, dataset: str,
 def write_predictions_figure(path: str, y_NxT: np.ndarray,
                              pred_NxT: np.ndarray,
                              target_names: Sequence[str], title: str,
+                             train_mean_T: np.ndarray | None = None,
                              seed: int = 0) -> str:
   """Draws predicted against actual and residuals, one row per target.
 
@@ -111,6 +132,8 @@ def write_predictions_figure(path: str, y_NxT: np.ndarray,
     pred_NxT: predictions (original units), rows matching `y_NxT`.
     target_names: the T targets, for labels.
     title: what was evaluated (run, step, split), shown on top.
+    train_mean_T: the targets' training means: predicting them is the
+      baseline drawn (default: the actual values' means).
     seed: picks the subset drawn when there are more than MAX_POINTS rows.
 
   Returns:
@@ -129,12 +152,17 @@ def write_predictions_figure(path: str, y_NxT: np.ndarray,
     y, pred = y_NxT[:, t].astype(np.float64), pred_NxT[:, t].astype(np.float64)
     residual = pred - y
     rmse = float(np.sqrt(np.mean(residual**2))) if n else float('nan')
+    mean = (float(train_mean_T[t]) if train_mean_T is not None else
+            float(y.mean()) if n else 0.0)
+    baseline = float(np.sqrt(np.mean((y - mean)**2))) if n else float('nan')
     left, right = axes[t]
     left.scatter(y[shown], pred[shown], s=8, alpha=alpha, linewidths=0)
     low = float(min(y.min(), pred.min())) if n else 0.0
     high = float(max(y.max(), pred.max())) if n else 1.0
     left.plot([low, high], [low, high], color='black', linewidth=1,
               label='identity (perfect prediction)')
+    left.axhline(mean, color='grey', linestyle='--', linewidth=1,
+                 label=f'predicting the mean (RMSE {baseline:.4g})')
     left.set_xlabel(f'actual {name}')
     left.set_ylabel(f'predicted {name}')
     left.set_title(f'{name}: predicted against actual (RMSE {rmse:.4g})')
@@ -142,6 +170,11 @@ def write_predictions_figure(path: str, y_NxT: np.ndarray,
     right.scatter(pred[shown], residual[shown], s=8, alpha=alpha,
                   linewidths=0)
     right.axhline(0.0, color='black', linewidth=1)
+    for sign in (-1, 1):  # the spread of the mean's residuals
+      right.axhline(sign * baseline, color='grey', linestyle='--',
+                    linewidth=1, label='+-RMSE of predicting the mean'
+                    if sign > 0 else None)
+    right.legend(loc='upper right')
     right.set_xlabel(f'predicted {name}')
     right.set_ylabel(f'residual: predicted - actual {name}')
     right.set_title(f'{name}: residuals against predicted')

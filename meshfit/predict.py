@@ -1,9 +1,11 @@
 """--mode=predict: a trained run's predictions for the rows of a user's table.
 
-The model's column names come from the run itself: every checkpoint's meta
-records the feature and target names it was trained with (the file's header
-for csv_regression; x0, x1, ... and y for the synthetic datasets), so a
-prediction needs neither the training file nor the TFDS copy of it.
+The model's columns come from the run itself: every checkpoint's meta
+records the column plan it was trained with (the file's columns and their
+kinds for csv_regression; numbers x0, x1, ... and y for the synthetic
+datasets), so a prediction needs neither the training file nor its prepared
+copy. Every input row gets a prediction: missing values are filled as in
+training, and a category the training file did not have is unknown.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 
 from input_pipeline import table_files
 from meshfit import checkpointing, config as config_lib, runtime
@@ -27,22 +30,6 @@ if TYPE_CHECKING:
 
 # Appended to a target's name for its column in a predictions table.
 PREDICTION_SUFFIX = '_pred'
-
-
-def column_names(meta: dict, step: int, directory: str
-                 ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-  """(feature names, target names) recorded in a checkpoint's meta.
-
-  Raises:
-    UsageError: the checkpoint predates the recording of names.
-  """
-  if 'feature_names' not in meta or 'target_names' not in meta:
-    raise UsageError(
-        f'the checkpoint of step {step} in {directory} does not record the '
-        'column names it was trained on (it was written by an older '
-        'meshfit); resume training for a step to write a checkpoint that '
-        'does, or pick another with --step')
-  return tuple(meta['feature_names']), tuple(meta['target_names'])
 
 
 def predict(config: ml_collections.ConfigDict | Config, workdir: str,
@@ -58,7 +45,8 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
     output_path: CSV or Parquet file to write: the input's rows in order,
       the `keep_columns`, then one `<target>_pred` column per target in the
       targets' original units. Only process 0 writes it.
-    step: the checkpoint to use; None takes the newest intact one.
+    step: the checkpoint to use; None takes the best by validation (when
+      the run validated) or else the newest intact one.
     keep_columns: input columns copied unchanged into the output (ids, ...).
 
   Returns:
@@ -78,16 +66,19 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
   ckpt = checkpointing.Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.step_to_restore(step)
-    meta = runtime.restore_meta(ckpt, step)
-    feature_names, target_names = column_names(meta, step, ckpt.directory)
+    plan, layout = runtime.read_model(runtime.restore_meta(ckpt, step), step,
+                                      ckpt.directory)
+    target_names = plan.targets
     # The file is checked before the (slower) restore of the arrays.
     frame = table_files.read_frame(input_path, '--input')
-    x_NxF = table_files.numeric_matrix(
-        frame, feature_names, input_path, '--input',
-        role='a feature the model was trained on')
+    x_NxF, unseen = plan.encode(frame, input_path, '--input')
+    if unseen:
+      logging.warning('%s holds categories the training file did not have '
+                      '(unknown to the model): %s.', input_path, ', '.join(
+                          f'{c} ({n} rows)' for c, n in unseen.items()))
     keep = (table_files.pass_through(frame, keep_columns, input_path,
                                      '--input') if keep_columns else None)
-    setup = runtime.make_setup(config, len(feature_names), len(target_names))
+    setup = runtime.make_setup(config, layout, len(target_names))
     state = runtime.restore(ckpt, setup, step)
   finally:
     ckpt.close()

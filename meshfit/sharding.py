@@ -5,7 +5,8 @@ alone maps them to the two mesh axes:
 
   batch -> 'data'    examples are split over data-parallel devices
   mlp   -> 'model'   hidden features are split over model-parallel devices
-  embed, out -> ()   kept whole (replicated)
+  vocab -> 'model'   a category table's rows (when they divide evenly)
+  embed, out, feature, bin -> ()   kept whole (replicated)
 
 With several processes (hosts), 'model' stays within each host and 'data'
 spans the hosts: see `multiprocess_device_grid`.
@@ -20,7 +21,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from meshfit.errors import UsageError
-from models import mlp
+from models import embeddings, mlp
 
 DATA = 'data'
 MODEL = 'model'
@@ -29,8 +30,11 @@ AXES = (DATA, MODEL)
 LOGICAL_RULES: dict[str, str | None] = {
     'batch': DATA,
     mlp.HIDDEN_AXIS: MODEL,
+    embeddings.VOCAB_AXIS: MODEL,
     mlp.EMBED_AXIS: None,
     mlp.OUT_AXIS: None,
+    embeddings.FEATURE_AXIS: None,
+    embeddings.BIN_AXIS: None,
 }
 
 
@@ -142,10 +146,25 @@ def logical_to_mesh(logical: Sequence[str | None]) -> P:
   return P(*(None if name is None else LOGICAL_RULES[name] for name in logical))
 
 
-def param_sharding(logical_specs, mesh: Mesh):
-  """NamedShardings for a pytree of logical PartitionSpecs (from nnx)."""
-  return jax.tree.map(lambda spec: NamedSharding(mesh, logical_to_mesh(spec)),
-                      logical_specs, is_leaf=lambda x: isinstance(x, P))
+def param_sharding(logical_specs, mesh: Mesh, shapes=None):
+  """NamedShardings for a pytree of logical PartitionSpecs (from nnx).
+
+  With `shapes` (a matching pytree of arrays or ShapeDtypeStructs), a
+  dimension that does not divide evenly over its mesh axis is kept whole
+  instead (the config's checks make that rare: a category table of an odd
+  size on an odd model axis).
+  """
+  def place(spec, shape=None):
+    axes = list(logical_to_mesh(spec))
+    if shape is not None:
+      axes = [a if a is None or d % mesh.shape[a] == 0 else None
+              for a, d in zip(axes, shape.shape)]
+    return NamedSharding(mesh, P(*axes))
+  if shapes is None:
+    return jax.tree.map(place, logical_specs,
+                        is_leaf=lambda x: isinstance(x, P))
+  return jax.tree.map(place, logical_specs, shapes,
+                      is_leaf=lambda x: isinstance(x, P))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

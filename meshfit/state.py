@@ -17,8 +17,8 @@ from flax import nnx, struct
 from jax.sharding import Mesh
 
 from meshfit import sharding
+from meshfit.features import FeatureStats, InputLayout
 from meshfit.metrics import TrainMetrics
-from meshfit.normalization import Normalizer
 from models.mlp import Mlp, MlpConfig
 
 
@@ -31,14 +31,14 @@ class TrainState:
     params: the model's parameters as a nested dict.
     opt_state: optax state, including the schedule's step count.
     rng: raw uint32[2] key; step s uses `fold_in(rng, s)`.
-    norm: standardisation statistics of the training split.
+    stats: the training split's statistics (meshfit/features.py).
     train_metrics: accumulators since the last train-metrics log.
   """
   step: jax.Array
   params: Any
   opt_state: optax.OptState
   rng: jax.Array
-  norm: Normalizer
+  stats: FeatureStats
   train_metrics: TrainMetrics
 
 
@@ -46,13 +46,13 @@ class TrainState:
 class Architecture:
   """What it takes to build the model: static, hashable, not saved as arrays."""
   mlp: MlpConfig
-  num_features: int
+  layout: InputLayout
   num_targets: int
 
   def build(self, seed: int) -> Mlp:
     # Logical names stay metadata; meshfit/sharding.py places the arrays.
     with nnx.use_eager_sharding(False):
-      return Mlp(self.mlp, self.num_features, self.num_targets,
+      return Mlp(self.mlp, self.layout.shape, self.num_targets,
                  rngs=nnx.Rngs(seed))
 
 
@@ -71,7 +71,7 @@ def graphdef(arch: Architecture) -> nnx.GraphDef:
 
 
 def _init(arch: Architecture, tx: optax.GradientTransformation, seed: int,
-          norm: Normalizer) -> TrainState:
+          stats: FeatureStats) -> TrainState:
   params = nnx.to_pure_dict(nnx.state(arch.build(seed), nnx.Param))
   return TrainState(
       step=jnp.zeros((), jnp.int32),
@@ -79,7 +79,7 @@ def _init(arch: Architecture, tx: optax.GradientTransformation, seed: int,
       opt_state=tx.init(params),
       rng=jax.random.key_data(
           jax.random.fold_in(jax.random.key(seed), 1)).astype(jnp.uint32),
-      norm=norm,
+      stats=stats,
       train_metrics=TrainMetrics.empty())
 
 
@@ -88,8 +88,8 @@ def _state_shapes(arch: Architecture,
                   tx: optax.GradientTransformation) -> TrainState:
   """ShapeDtypeStructs of every leaf (traced once per arch and optimizer)."""
   return jax.eval_shape(
-      lambda: _init(arch, tx, 0, Normalizer.identity(arch.num_features,
-                                                      arch.num_targets)))
+      lambda: _init(arch, tx, 0, FeatureStats.identity(
+          len(arch.layout.number_columns), arch.num_targets)))
 
 
 @functools.lru_cache(maxsize=16)
@@ -102,8 +102,9 @@ def state_shardings(arch: Architecture, tx: optax.GradientTransformation,
   """
   logical = nnx.to_pure_dict(nnx.get_partition_spec(
       nnx.state(_abstract_model(arch), nnx.Param)))
-  param_shardings = sharding.param_sharding(logical, mesh)
   abstract_state = _state_shapes(arch, tx)
+  param_shardings = sharding.param_sharding(logical, mesh,
+                                            abstract_state.params)
   replicated = sharding.replicated(mesh)
   opt_shardings = optax.tree_map_params(
       tx, lambda _, s: s, abstract_state.opt_state, param_shardings,
@@ -113,7 +114,7 @@ def state_shardings(arch: Architecture, tx: optax.GradientTransformation,
       params=param_shardings,
       opt_state=opt_shardings,
       rng=replicated,
-      norm=jax.tree.map(lambda _: replicated, abstract_state.norm),
+      stats=jax.tree.map(lambda _: replicated, abstract_state.stats),
       train_metrics=jax.tree.map(lambda _: replicated,
                                  abstract_state.train_metrics))
 
@@ -127,8 +128,9 @@ def abstract_state(arch: Architecture, tx: optax.GradientTransformation,
 
 
 def create_train_state(arch: Architecture, tx: optax.GradientTransformation,
-                       mesh: Mesh, seed: int, norm: Normalizer) -> TrainState:
+                       mesh: Mesh, seed: int,
+                       stats: FeatureStats) -> TrainState:
   """A fresh train state, each leaf created directly in its sharding."""
-  init = jax.jit(lambda n: _init(arch, tx, seed, n),
+  init = jax.jit(lambda s: _init(arch, tx, seed, s),
                  out_shardings=state_shardings(arch, tx, mesh))
-  return init(jax.tree.map(jnp.asarray, norm))
+  return init(jax.tree.map(jnp.asarray, stats))

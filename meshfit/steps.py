@@ -17,25 +17,28 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from meshfit import sharding
+from meshfit import features, sharding
+from meshfit.features import FeatureStats, InputLayout
 from meshfit.metrics import RegressionSums, TrainMetrics
-from meshfit.normalization import Normalizer
 from meshfit.state import TrainState
 
 Batch = dict[str, jax.Array]
 
 
-def predict(graphdef: nnx.GraphDef, state: TrainState,
+def predict(graphdef: nnx.GraphDef, layout: InputLayout, state: TrainState,
             x_BxF: jax.Array) -> jax.Array:
-  """Predictions in the targets' original units."""
+  """Predictions in the targets' original units for input columns x_BxF."""
   model = nnx.merge(graphdef, state.params)
-  return state.norm.unstandardize_y(model(state.norm.standardize_x(x_BxF)))
+  inputs = features.model_inputs(state.stats, layout, x_BxF)
+  return state.stats.unstandardize_y(
+      model(inputs['numbers'], inputs['missing'], inputs['codes']))
 
 
-def standardize(norm: Normalizer, batch: Batch) -> Batch:
-  """Features and targets of a batch or table in standardised units."""
-  return {'x': norm.standardize_x(batch['x']),
-          'y': norm.standardize_y(batch['y'])}
+def encode(stats: FeatureStats, layout: InputLayout, batch: Batch) -> Batch:
+  """A batch (or table) of input columns and targets as the model reads
+  them: scaled numbers, missing flags, codes and standardised targets."""
+  inputs = features.model_inputs(stats, layout, batch['x'])
+  return {**inputs, 'y': stats.standardize_y(batch['y'])}
 
 
 # Up to this many elements, `global_norm` of unpartitioned leaves is one
@@ -83,7 +86,7 @@ def train_step(state: TrainState, batch_z: Batch, *,
 
   Args:
     state: the train state.
-    batch_z: `{'x': x_BxF, 'y': z_BxT}`, already standardised.
+    batch_z: a batch as `encode` returns it (targets standardised).
     graphdef: the model's structure.
     tx: the optimizer.
     log_every_steps: the train metrics' window.
@@ -94,7 +97,7 @@ def train_step(state: TrainState, batch_z: Batch, *,
     The new state and this step's loss (a replicated scalar that the loop
     uses to bound the steps in flight and to catch a non-finite loss).
   """
-  x_BxF, z_BxT = batch_z['x'], batch_z['y']
+  z_BxT = batch_z['y']
   dropout_key = None
   if nnx.merge(graphdef, state.params).dropout_rate > 0:  # static
     dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng),
@@ -102,7 +105,8 @@ def train_step(state: TrainState, batch_z: Batch, *,
 
   def loss_fn(params):
     model = nnx.merge(graphdef, params)
-    pred_BxT = model(x_BxF, dropout_key=dropout_key)
+    pred_BxT = model(batch_z['numbers'], batch_z['missing'],
+                     batch_z['codes'], dropout_key=dropout_key)
     return jnp.mean((pred_BxT - z_BxT)**2)
 
   loss, grads = jax.value_and_grad(loss_fn)(state.params)
@@ -123,8 +127,8 @@ def train_step(state: TrainState, batch_z: Batch, *,
 
 def train_call(state: TrainState, table_z: Batch, chunk: Batch,
                num_steps: jax.Array, *, graphdef: nnx.GraphDef,
-               tx: optax.GradientTransformation, log_every_steps: int,
-               batch_sharding: NamedSharding
+               layout: InputLayout, tx: optax.GradientTransformation,
+               log_every_steps: int, batch_sharding: NamedSharding
                ) -> tuple[TrainState, jax.Array, TrainMetrics]:
   """`num_steps` optimizer steps (`train_step`) in one call.
 
@@ -135,12 +139,13 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
 
   Args:
     state: the train state.
-    table_z: the standardised training table on every device, `{'x', 'y'}`,
+    table_z: the training table on every device, as `encode` returns it,
       when the chunk holds row indices; else `{}`.
     chunk: from `feeding.TrainFeed`: either `idx` (K x B table rows) or
       `x`, `y` (K x B rows in original units).
     num_steps: how many of the chunk's K batches to train on (int32 scalar).
     graphdef: the model's structure.
+    layout: which input columns are numbers and which categories.
     tx: the optimizer.
     log_every_steps: the train metrics' window.
     batch_sharding: where each step's batch lives.
@@ -159,8 +164,8 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
       idx_B = chunk['idx'][i]
       batch_z = {name: a[idx_B] for name, a in table_z.items()}
     else:
-      batch_z = standardize(state.norm, {'x': chunk['x'][i],
-                                         'y': chunk['y'][i]})
+      batch_z = encode(state.stats, layout, {'x': chunk['x'][i],
+                                             'y': chunk['y'][i]})
     batch_z = jax.lax.with_sharding_constraint(batch_z, batch_sharding)
     state, loss = train_step(state, batch_z, graphdef=graphdef, tx=tx,
                              log_every_steps=log_every_steps,
@@ -175,26 +180,27 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
   return state, losses_K, state.train_metrics
 
 
-def eval_step(state: TrainState, batch: Batch, *,
-              graphdef: nnx.GraphDef) -> RegressionSums:
+def eval_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
+              layout: InputLayout) -> RegressionSums:
   """Sums of errors over the batch's real examples (original units)."""
-  pred_BxT = predict(graphdef, state, batch['x'])
+  pred_BxT = predict(graphdef, layout, state, batch['x'])
   return RegressionSums.from_model_output(
       pred_BxT=pred_BxT, y_BxT=batch['y'], mask_B=batch['mask'],
-      norm=state.norm)
+      stats=state.stats)
 
 
-def jit_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+def jit_train_step(graphdef: nnx.GraphDef, layout: InputLayout,
+                   tx: optax.GradientTransformation,
                    state_shardings: TrainState, mesh: Mesh,
                    log_every_steps: int
                    ) -> Callable[[TrainState, Batch],
                                  tuple[TrainState, jax.Array]]:
-  """One `train_step` on a batch in original units, jitted: state donated,
-  shardings pinned both ways (a reference for `train_call`)."""
+  """One `train_step` on a batch of input columns and targets, jitted: state
+  donated, shardings pinned both ways (a reference for `train_call`)."""
   batch = sharding.batch_sharding(mesh)
 
   def step(state, batch):
-    return train_step(state, standardize(state.norm, batch),
+    return train_step(state, encode(state.stats, layout, batch),
                       graphdef=graphdef, tx=tx,
                       log_every_steps=log_every_steps)
   return jax.jit(
@@ -204,7 +210,8 @@ def jit_train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
       donate_argnums=0)
 
 
-def jit_train_call(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+def jit_train_call(graphdef: nnx.GraphDef, layout: InputLayout,
+                   tx: optax.GradientTransformation,
                    state_shardings: TrainState, mesh: Mesh,
                    log_every_steps: int
                    ) -> Callable[[TrainState, Batch, Batch, Any],
@@ -216,7 +223,7 @@ def jit_train_call(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
   and `num_steps` (a numpy int32 will do) replicated.
   """
   return jax.jit(
-      functools.partial(train_call, graphdef=graphdef, tx=tx,
+      functools.partial(train_call, graphdef=graphdef, layout=layout, tx=tx,
                         log_every_steps=log_every_steps,
                         batch_sharding=sharding.batch_sharding(mesh)),
       in_shardings=(state_shardings, None,
@@ -227,23 +234,27 @@ def jit_train_call(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
       donate_argnums=0)
 
 
-def jit_standardize(mesh: Mesh) -> Callable[[Normalizer, Batch], Batch]:
-  """`standardize` jitted for a table that lives on every device."""
-  return jax.jit(standardize, out_shardings=sharding.replicated(mesh))
+def jit_encode(mesh: Mesh, layout: InputLayout
+               ) -> Callable[[FeatureStats, Batch], Batch]:
+  """`encode` jitted for a table that lives on every device."""
+  return jax.jit(lambda stats, table: encode(stats, layout, table),
+                 out_shardings=sharding.replicated(mesh))
 
 
-def jit_eval_step(graphdef: nnx.GraphDef, state_shardings: TrainState,
+def jit_eval_step(graphdef: nnx.GraphDef, layout: InputLayout,
+                  state_shardings: TrainState,
                   mesh: Mesh) -> Callable[[TrainState, Batch], RegressionSums]:
   """`eval_step` jitted once; its sums come back replicated."""
   batch = sharding.batch_sharding(mesh)
   return jax.jit(
-      functools.partial(eval_step, graphdef=graphdef),
+      functools.partial(eval_step, graphdef=graphdef, layout=layout),
       in_shardings=(state_shardings,
                     {'x': batch, 'y': batch, 'mask': batch}),
       out_shardings=sharding.replicated(mesh))
 
 
-def jit_predict_step(graphdef: nnx.GraphDef, state_shardings: TrainState,
+def jit_predict_step(graphdef: nnx.GraphDef, layout: InputLayout,
+                     state_shardings: TrainState,
                      mesh: Mesh) -> Callable[[TrainState, jax.Array],
                                              jax.Array]:
   """`predict` jitted once; predictions come back replicated.
@@ -251,7 +262,7 @@ def jit_predict_step(graphdef: nnx.GraphDef, state_shardings: TrainState,
   Replicated, so that every process (process 0 writes the file) can read the
   whole batch's predictions on the host.
   """
-  return jax.jit(functools.partial(predict, graphdef),
+  return jax.jit(functools.partial(predict, graphdef, layout),
                  in_shardings=(state_shardings,
                                sharding.batch_sharding(mesh)),
                  out_shardings=sharding.replicated(mesh))

@@ -16,8 +16,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-# Logical axis names, mapped to mesh axes in meshfit/sharding.py.
-EMBED_AXIS = 'embed'  # a feature dimension kept whole on every device
+from models import embeddings
+
+# Logical axis names, mapped to mesh axes in meshfit/sharding.py (more in
+# models/embeddings.py).
+EMBED_AXIS = embeddings.EMBED_AXIS  # a feature dimension kept whole
 HIDDEN_AXIS = 'mlp'  # a hidden dimension split over the model-parallel axis
 OUT_AXIS = 'out'  # the regression targets
 
@@ -53,16 +56,48 @@ class MlpConfig:
       float32.
     param_dtype: a key of `DTYPES`: how parameters are stored (and so the
       optimizer's moments and the checkpoints).
+    numeric_embedding: 'none' (each number as it is) or 'ple' (its
+      piecewise-linear encoding over `ple_bins` bins and a learned
+      per-number layer of `numeric_embedding_dim`).
+    ple_bins: bins of the piecewise-linear encoding.
+    numeric_embedding_dim: width of each number's embedding ('ple').
+    category_embedding_dim: width of each category value's embedding.
   """
   hidden_sizes: tuple[int, ...] = (128, 128)
   activation: str = 'relu'
   dropout_rate: float = 0.0
   dtype: str = 'float32'
   param_dtype: str = 'float32'
+  numeric_embedding: str = 'none'
+  ple_bins: int = 16
+  numeric_embedding_dim: int = 16
+  category_embedding_dim: int = 8
 
   def __post_init__(self):
     # ml_collections hands tuples over as lists after JSON round trips.
     object.__setattr__(self, 'hidden_sizes', tuple(self.hidden_sizes))
+
+
+@dataclasses.dataclass(frozen=True)
+class InputShape:
+  """What the network reads: the widths of its three kinds of input.
+
+  Attributes:
+    num_numbers: scaled numbers (N).
+    num_missing: 0/1 missing indicators (M).
+    category_sizes: the number of codes of each category column (C of them).
+  """
+  num_numbers: int
+  num_missing: int = 0
+  category_sizes: tuple[int, ...] = ()
+
+  def width(self, config: MlpConfig) -> int:
+    """The width of the first hidden layer's input."""
+    numbers = self.num_numbers
+    if config.numeric_embedding == 'ple':
+      numbers *= config.numeric_embedding_dim
+    return (numbers + self.num_missing
+            + len(self.category_sizes) * config.category_embedding_dim)
 
 
 def hidden_axes(layer: int) -> tuple[str, str]:
@@ -197,26 +232,51 @@ def _dense(in_features: int, out_features: int, axes: tuple[str, str],
 
 
 class Mlp(nnx.Module):
-  """`x_BxF -> y_BxT`: hidden layers with an activation, then a linear head."""
+  """Numbers, missing flags and categories -> y_BxT: their embeddings,
+  hidden layers with an activation, then a linear head."""
 
-  def __init__(self, config: MlpConfig, in_features: int, out_features: int,
-               *, rngs: nnx.Rngs):
-    """Builds the layers; `config` names keys of ACTIVATIONS and DTYPES."""
+  def __init__(self, config: MlpConfig, inputs: InputShape | int,
+               out_features: int, *, rngs: nnx.Rngs):
+    """Builds the layers; `config` names keys of ACTIVATIONS and DTYPES.
+
+    Args:
+      config: the model section of the config.
+      inputs: the input's shape; an int is that many numbers alone.
+      out_features: T, the targets.
+      rngs: initialisation keys.
+    """
+    if isinstance(inputs, int):
+      inputs = InputShape(inputs)
     self.activation = ACTIVATIONS[config.activation]
     self.dropout_rate = config.dropout_rate
-    sizes = (in_features,) + config.hidden_sizes
+    param_dtype = DTYPES[config.param_dtype]
+    self.numbers = (embeddings.PiecewiseLinear(
+        inputs.num_numbers, config.ple_bins, config.numeric_embedding_dim,
+        param_dtype=param_dtype, rngs=rngs)
+                    if config.numeric_embedding == 'ple'
+                    and inputs.num_numbers else None)
+    self.categories = (embeddings.CategoryEmbedding(
+        inputs.category_sizes, config.category_embedding_dim,
+        param_dtype=param_dtype, rngs=rngs)
+                       if inputs.category_sizes else None)
+    sizes = (inputs.width(config),) + config.hidden_sizes
     self.hidden = nnx.List([
         _dense(sizes[i], sizes[i + 1], hidden_axes(i), config, rngs)
         for i in range(len(config.hidden_sizes))])
     self.head = _dense(sizes[-1], out_features,
                        output_axes(len(config.hidden_sizes)), config, rngs)
 
-  def __call__(self, x_BxF: jax.Array,
+  def __call__(self, numbers_BxN: jax.Array,
+               missing_BxM: jax.Array | None = None,
+               codes_BxC: jax.Array | None = None,
                dropout_key: jax.Array | None = None) -> jax.Array:
     """Predicts targets.
 
     Args:
-      x_BxF: a batch of (standardised) features.
+      numbers_BxN: a batch of scaled numbers.
+      missing_BxM: 0/1 flags of the numbers that were missing (those that
+        had missing values in training), or None.
+      codes_BxC: int32 category codes, or None.
       dropout_key: a PRNG key; dropout is applied only when one is given
         and the rate is positive (i.e. in training).
 
@@ -224,7 +284,13 @@ class Mlp(nnx.Module):
       y_BxT, the predictions, in float32 whatever the compute dtype (so the
       loss is computed in float32).
     """
-    h = x_BxF
+    parts = [numbers_BxN if self.numbers is None
+             else self.numbers(numbers_BxN)]
+    if missing_BxM is not None and missing_BxM.shape[1]:
+      parts.append(missing_BxM)
+    if self.categories is not None:
+      parts.append(self.categories(codes_BxC))
+    h = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
     for i, layer in enumerate(self.hidden):
       h = self.activation(layer(h))
       if dropout_key is not None and self.dropout_rate > 0:

@@ -42,3 +42,16 @@ def small_config(data_dir):
   config.checkpoint_every_steps = 20
   config.optimizer.warmup_steps = 10
   return config
+
+
+@pytest.fixture
+def absl_caplog(caplog):
+  """pytest's caplog at INFO, for absl's logger too.
+
+  Importing TensorFlow in the test process (export's tests do) sets absl's
+  logger to WARNING, which would hide the INFO records a test looks for.
+  """
+  import logging  # noqa: PLC0415
+  caplog.set_level(logging.INFO)
+  caplog.set_level(logging.INFO, logger='absl')
+  yield caplog

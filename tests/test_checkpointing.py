@@ -16,7 +16,7 @@ class _SlowCheckpointer:
     self.release = threading.Semaphore(0)
     self._fail_step = fail_step
 
-  def save(self, step, state, meta):
+  def save(self, step, state, meta, val_loss=None):
     del state, meta
     self.started.release()
     self.release.acquire()

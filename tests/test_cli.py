@@ -38,7 +38,8 @@ def test_eval_mode_prints_and_writes_the_result(run_42):
   proc = run('--mode=eval', f'--workdir={run_42}', check=0)
   result = _eval_json(proc)
   assert set(result) == {'step', 'split', 'num_examples', 'mse', 'rmse',
-                         'mae', 'r2'}
+                         'mae', 'r2', 'targets'}
+  assert result['targets']['y']['rmse'] == result['rmse']  # one target
   assert result['step'] == 60 and result['num_examples'] == 10_000
   with open(os.path.join(run_42, 'eval', 'step_60.json')) as f:
     assert json.load(f) == result

@@ -12,11 +12,12 @@ import sys  # noqa: E402
 
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from cli_helpers import regression_frame  # noqa: E402
 
 from configs import csv as csv_config  # noqa: E402
-from input_pipeline import columns, csv_regression, tables  # noqa: E402
+from input_pipeline import csv_regression, table_files  # noqa: E402
 from input_pipeline.errors import DataError  # noqa: E402
 from meshfit import config as config_lib, data  # noqa: E402
 from meshfit.errors import UsageError  # noqa: E402
@@ -47,7 +48,7 @@ def files(tmp_path):
 
 
 def _load(dataset: ml_collections.ConfigDict) -> data.Splits:
-  return data.load_splits(config_lib.parse_dataset(dataset))
+  return data.load_splits(config_lib.parse_dataset(dataset), seed=0)
 
 
 def _prepared_keys(tmp_path) -> list[str]:
@@ -94,21 +95,21 @@ def test_unchanged_files_are_reused_and_changed_ones_prepared_again(
     tmp_path, files, monkeypatch):
   train, _, train_path, eval_path = files
   dataset = _dataset(tmp_path, train_path, eval_path)
-  _load(dataset)
+  first = _load(dataset)
   [first_key] = _prepared_keys(tmp_path)
 
   def fail(*args, **kwargs):
-    raise AssertionError('the files were read again for preparing')
+    raise AssertionError('the files were parsed again')
 
-  # Unchanged content, even when moved, must come from the prepared copy.
+  # Unchanged content, even when moved, comes from the prepared copy.
   moved = str(tmp_path / 'moved.csv')
   os.rename(train_path, moved)
   with monkeypatch.context() as patch:
-    patch.setattr(columns, 'read_training_tables', fail)
-    splits = _load(
-        _dataset(tmp_path, moved, eval_path))
+    patch.setattr(table_files, 'parse', fail)
+    splits = _load(_dataset(tmp_path, moved, eval_path))
   assert _prepared_keys(tmp_path) == [first_key]
-  assert splits.train.num_examples == 40
+  np.testing.assert_array_equal(splits.train.x_NxF, first.train.x_NxF)
+  assert splits.train.plan == first.train.plan
 
   changed = train.copy()
   changed.loc[5, 'a'] = 123.0
@@ -116,40 +117,37 @@ def test_unchanged_files_are_reused_and_changed_ones_prepared_again(
   splits = _load(_dataset(tmp_path, moved, eval_path))
   assert len(_prepared_keys(tmp_path)) == 2
   assert splits.train.x_NxF[5, 0] == 123.0
+  assert splits.train_key != first.train_key  # checkpoints tell them apart
 
   # A different column selection of the same files is another dataset.
-  _load(
-      _dataset(tmp_path, moved, eval_path, features=('a',)))
+  _load(_dataset(tmp_path, moved, eval_path, features=('a',)))
   assert len(_prepared_keys(tmp_path)) == 3
 
 
-def test_tables_are_parsed_once_and_again_after_a_change(tmp_path, files,
-                                                         monkeypatch):
-  train, _, train_path, eval_path = files
-  dataset = _dataset(tmp_path, train_path, eval_path)
-  first = _load(dataset)
-  parsed = []
-  load_table = tables.load_table
-  monkeypatch.setattr(tables, 'load_table',
-                      lambda *args: parsed.append(args[1]) or load_table(*args))
-  again = _load(dataset)
-  assert parsed == []  # both splits came from the kept numpy copies
-  np.testing.assert_array_equal(again.train.x_NxF, first.train.x_NxF)
-  np.testing.assert_array_equal(again.eval.y_NxT, first.eval.y_NxT)
-  assert again.train.feature_names == first.train.feature_names
-
-  changed = train.copy()
-  changed.loc[0, 'b'] = -7.0
-  changed.to_csv(train_path, index=False)
-  splits = _load(dataset)
-  assert parsed == ['train', 'test']  # a new dataset, parsed afresh
-  assert splits.train.x_NxF[0, 1] == -7.0
-  np.testing.assert_array_equal(splits.train.x_NxF[1:], first.train.x_NxF[1:])
+def test_missing_values_categories_and_missing_targets(tmp_path,
+                                                       absl_caplog):
+  rng = np.random.default_rng(0)
+  frame = pd.DataFrame({'a': rng.normal(size=30),
+                        'kind': rng.choice(['x', 'y'], 30),
+                        'y': rng.normal(size=30)})
+  frame.loc[2, 'a'] = np.nan
+  frame.loc[[4, 9], 'y'] = np.nan
+  frame.to_csv(tmp_path / 'train.csv', index=False)
+  frame.iloc[:10].to_csv(tmp_path / 'eval.csv', index=False)
+  splits = _load(_dataset(tmp_path, str(tmp_path / 'train.csv'),
+                          str(tmp_path / 'eval.csv')))
+  assert splits.train.num_examples == 28 and splits.eval.num_examples == 8
+  assert [(c.name, c.kind) for c in splits.train.plan.features] == [
+      ('a', 'number'), ('kind', 'category')]
+  assert np.isnan(splits.train.x_NxF[2, 0])  # kept, filled on device
+  assert 'left out of training' in absl_caplog.text
+  assert '2 of the 30 rows' in absl_caplog.text
 
 
 def test_bad_file_fails_before_anything_is_prepared(tmp_path, files):
   _, eval_, train_path, _ = files
-  eval_.loc[6, 'c'] = np.nan
+  eval_['c'] = eval_['c'].astype(object)
+  eval_.loc[6, 'c'] = 'oops'
   eval_path = str(tmp_path / 'bad_eval.csv')
   eval_.to_csv(eval_path, index=False)
   with pytest.raises(DataError) as e:
@@ -240,7 +238,7 @@ def test_train_py_fits_a_csv_and_writes_metrics(tmp_path):
 
 # Each case fails at another stage: config check, file read, value check.
 # (Every other bad-data case is covered in-process, in test_table_files and
-# test_columns.)
+# test_column_plan.)
 @pytest.mark.parametrize('case', ['target_as_feature', 'missing_file',
                                   'non_numeric'])
 def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
@@ -274,12 +272,3 @@ def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
   assert last.startswith('error: ') and expected in last, last
   assert result.stderr.count('error: ') == 1
   assert not workdir.exists()
-
-
-def test_the_builder_is_named_and_versioned_as_the_dataset():
-  # The builder does not import csv_regression.py (which imports it): both
-  # write the name and version out, and they must agree.
-  from input_pipeline import csv_regression_builder  # noqa: PLC0415
-  builder = csv_regression_builder.CsvRegression
-  assert builder.name == csv_regression.NAME
-  assert str(builder.VERSION) == csv_regression.VERSION

@@ -24,8 +24,10 @@ import pandas as pd
 import pytest
 
 from cli_helpers import regression_frame, run_train
-from configs import default
-from meshfit import config as config_lib, data, evaluate, export, loop
+from configs import csv as csv_config, default
+from input_pipeline.column_plan import ColumnPlan
+from meshfit import (config as config_lib, data, evaluate, export, export_tf,
+                     loop, runtime)
 
 # Feature names TensorFlow would reject or silently rename in a signature.
 AWKWARD = {'a': 'size (m²)', 'b': 'in', 'c': '1st'}
@@ -91,6 +93,39 @@ def _train_synthetic(tmp, data_dir: str) -> str:
   return workdir
 
 
+def _train_mixed(tmp) -> str:
+  """A table as they come: a number with missing cells, a category, a
+  boolean and a date; its eval file adds a category never seen."""
+  rng = np.random.default_rng(3)
+  n = 160
+  frame = pd.DataFrame({
+      'area': rng.normal(50, 10, n),
+      'city': rng.choice(['paris', 'rome', 'oslo'], n),
+      'new': rng.choice(['true', 'false'], n),
+      'sold': (pd.Timestamp('2020-01-01') + pd.to_timedelta(
+          rng.integers(0, 700, n), 'D')).strftime('%Y-%m-%d')})
+  frame['price'] = (frame['area'] * 3 + 40 * (frame['city'] == 'rome')
+                    + rng.normal(0, 5, n))
+  frame.loc[[3, 30], 'area'] = np.nan
+  frame.loc[7, 'city'] = None
+  evaluation = frame.iloc[120:].copy()
+  evaluation.loc[125, 'city'] = 'lima'
+  evaluation.loc[126, 'area'] = np.nan
+  evaluation.loc[127, 'sold'] = None
+  frame.iloc[:120].to_csv(tmp / 'mixed_train.csv', index=False)
+  evaluation.to_csv(tmp / 'mixed_eval.csv', index=False)
+  config = csv_config.get_config()
+  config.dataset.data_dir = str(tmp / 'mixed_data')
+  config.dataset.train_path = str(tmp / 'mixed_train.csv')
+  config.dataset.eval_path = str(tmp / 'mixed_eval.csv')
+  config.dataset.target_columns = ('price',)
+  config.num_train_steps = 150
+  config.plots = False
+  workdir = str(tmp / 'mixed_run')
+  loop.train_and_evaluate(config, workdir)
+  return workdir
+
+
 @pytest.fixture(scope='module')
 def runs(tmp_path_factory, data_dir):
   """{name: (workdir, eval csv, export dir, predictions csv, summary)}.
@@ -102,9 +137,11 @@ def runs(tmp_path_factory, data_dir):
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     csv_workdir = pool.submit(_train_csv, tmp)
     synthetic_workdir = _train_synthetic(tmp, data_dir)
+    mixed_workdir = _train_mixed(tmp)
     workdirs = {'csv': csv_workdir.result(),
-                'synthetic': synthetic_workdir}
-    evals = {'csv': tmp / 'eval.csv', 'synthetic': tmp / 'synthetic_eval.csv'}
+                'synthetic': synthetic_workdir, 'mixed': mixed_workdir}
+    evals = {'csv': tmp / 'eval.csv', 'synthetic': tmp / 'synthetic_eval.csv',
+             'mixed': tmp / 'mixed_eval.csv'}
 
     def export_and_predict(name):
       workdir, out = workdirs[name], tmp / f'{name}_export' / 'model'
@@ -156,8 +193,16 @@ def test_the_saved_model_serves_predicts_numbers_without_meshfit(runs):
         serve = tf.saved_model.load(out + '/saved_model').signatures[
             card['saved_model']['signature']]
         frame = pd.read_csv(eval_csv)
-        columns = serve(**{f['signature_input']: tf.constant(
-            frame[f['name']].to_numpy(np.float32)) for f in card['features']})
+        def column(f):  # as a client holds them: text, and floats with NaN
+          values = frame[f['name']]
+          if f['dtype'] == 'string':
+            return tf.constant(values.fillna('').astype(str).to_numpy())
+          if f['kind'] == 'boolean':
+            values = values.map({True: 1.0, False: 0.0, 'true': 1.0,
+                                 'false': 0.0})
+          return tf.constant(values.to_numpy(np.float32))
+        columns = serve(**{f['signature_input']: column(f)
+                           for f in card['features']})
         np.save(result, np.stack([columns[t['signature_output']].numpy()
                                   for t in card['targets']], axis=1))
       # (TensorFlow imports jax itself when it is installed, for TF Lite.)
@@ -174,7 +219,8 @@ def test_the_saved_model_serves_predicts_numbers_without_meshfit(runs):
 
 def test_the_jax_export_artifact_runs_in_bare_jax_at_any_batch_size(runs):
   jobs = []
-  for _, eval_csv, out, _, _ in runs.values():
+  numeric = {k: v for k, v in runs.items() if k != 'mixed'}
+  for _, eval_csv, out, _, _ in numeric.values():
     # One array per column, by name: the bare process orders them itself.
     frame = pd.read_csv(eval_csv)
     np.savez(str(out) + '_columns.npz',
@@ -202,13 +248,40 @@ def test_the_jax_export_artifact_runs_in_bare_jax_at_any_batch_size(runs):
   shapes, modules = result
   assert modules == []
   for (_, _, out, pred_csv, _), (_, _, path), (shape, devices) in zip(
-      runs.values(), jobs, shapes):
+      numeric.values(), jobs, shapes):
     card = _card(out)
     assert devices == 1  # trained on 4 and 8 devices, exported for one
     assert shape == f"(b, {len(card['features'])})"
     want = _predicted(pred_csv, card)
     got = np.load(path)
     np.testing.assert_allclose(got, want, rtol=RTOL, atol=1e-5)
+
+
+def test_the_jax_export_artifact_takes_the_column_plans_inputs(runs):
+  workdir, eval_csv, out, pred_csv, _ = runs['mixed']
+  card = _card(out)
+  plan, _ = runtime.read_model(_meta(workdir), 0, workdir)
+  x_NxI, _ = plan.encode(pd.read_csv(eval_csv), str(eval_csv))
+  assert card['jax_export']['inputs'] == list(plan.input_names)
+  with open(os.path.join(out, card['jax_export']['file']), 'rb') as f:
+    exported = jax.export.deserialize(bytearray(f.read()))
+  np.testing.assert_allclose(np.asarray(exported.call(x_NxI)),
+                             _predicted(pred_csv, card), rtol=RTOL,
+                             atol=1e-5)
+  kinds = {f['name']: (f['kind'], f['dtype']) for f in card['features']}
+  assert kinds == {'area': ('number', 'float32'),
+                   'city': ('category', 'string'),
+                   'new': ('boolean', 'float32'),
+                   'sold': ('datetime', 'string')}
+  city = next(f for f in card['features'] if f['name'] == 'city')
+  assert sorted(city['vocabulary']) == ['oslo', 'paris', 'rome']
+
+
+def _meta(workdir) -> dict:
+  step = max(int(s) for s in os.listdir(os.path.join(workdir, 'checkpoints')))
+  with open(os.path.join(workdir, 'checkpoints', str(step), 'meta',
+                         'metadata'), encoding='utf-8') as f:
+    return json.load(f)
 
 
 def test_the_model_card_says_what_goes_in_and_comes_out(runs):
@@ -327,7 +400,7 @@ def test_bad_export_requests_exit_2_and_change_nothing(runs, tmp_path, case,
 def test_signature_names_are_identifiers_tensorflow_keeps():
   names = ['a', 'price ($)', '1st', '温度', 'in', '_a', 'a_', 'x/y', 'x.y',
            'x_y', '', 'self']
-  got = export.signature_names(names)
+  got = export_tf.signature_names(names)
   # A name TensorFlow keeps ('a_', 'x_y') is never renamed for another.
   assert got == ('a', 'price', 'f_1st', 'column_3', 'in_', 'a_5', 'a_',
                  'x_y_7', 'x_y_8', 'x_y', 'column_10', 'self_')
@@ -339,14 +412,15 @@ def test_signature_names_are_identifiers_tensorflow_keeps():
 
 def test_tensorflow_keeps_every_signature_name_as_given(tmp_path):
   names = ('a', 'price ($)', '1st', '温度', 'in', '_a', 'a_', 'x/y', 'self')
-  input_names = export.signature_names(names)
+  input_names = export_tf.signature_names(names)
   weights_F = np.arange(1, len(names) + 1, dtype=np.float32)
 
   def forward(x_BxF):  # every column weighted apart: a swap would show
     return x_BxF @ weights_F[:, None]
-  probe_PxF = np.random.default_rng(0).normal(size=(3, len(names))).astype(
-      np.float32)
+  plan = ColumnPlan.numeric(names, ('total (€)',))
+  probe = pd.DataFrame(
+      np.random.default_rng(0).normal(size=(3, len(names))), columns=names)
   # Raises if a name came back changed or a column went elsewhere.
-  _, check = export.write_artifacts(str(tmp_path), forward, probe_PxF,
+  _, check = export.write_artifacts(str(tmp_path), forward, plan, probe,
                                     input_names, ('total (€)_pred',))
   assert max(check.values()) < 1e-6

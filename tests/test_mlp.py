@@ -13,7 +13,7 @@ from configs import default
 from meshfit import (config as config_lib, runtime, sharding,
                      state as state_lib, steps)
 from meshfit.errors import UsageError
-from meshfit.normalization import Normalizer
+from meshfit.features import FeatureStats, InputLayout
 from models import mlp
 from models.mlp import Mlp, MlpConfig
 
@@ -22,7 +22,7 @@ def _model(dtype: str, param_dtype: str = 'float32',
            hidden_sizes=(128, 128)) -> Mlp:
   config = MlpConfig(hidden_sizes=hidden_sizes, dtype=dtype,
                      param_dtype=param_dtype)
-  return state_lib.Architecture(config, num_features=10,
+  return state_lib.Architecture(config, InputLayout.numbers(10),
                                 num_targets=2).build(0)
 
 
@@ -76,15 +76,17 @@ def _train_losses(dtype: str, num_steps: int) -> tuple[np.ndarray, dict]:
   config.model.dtype = dtype
   config.optimizer.schedule = 'constant'
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
-  setup = runtime.make_setup(config_lib.parse(config), num_features=10,
-                             num_targets=1, mesh=mesh)
+  setup = runtime.make_setup(config_lib.parse(config),
+                             InputLayout.numbers(10), num_targets=1,
+                             mesh=mesh)
   rng = np.random.default_rng(0)
   x_BxF = rng.standard_normal((256, 10)).astype(np.float32)
   y_Bx1 = (np.sin(x_BxF[:, :1]) + x_BxF[:, 1:2] ** 2).astype(np.float32)
-  norm = Normalizer.fit(x_BxF, y_Bx1, True)
+  norm = FeatureStats.fit(setup.arch.layout, x_BxF, y_Bx1)
   state = state_lib.create_train_state(setup.arch, setup.tx, mesh, 0, norm)
-  train_step = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
-                                    mesh, config.log_every_steps)
+  train_step = steps.jit_train_step(setup.graphdef, setup.arch.layout,
+                                    setup.tx, setup.shardings, mesh,
+                                    config.log_every_steps)
   batch = {'x': jnp.asarray(x_BxF), 'y': jnp.asarray(y_Bx1)}
   losses = []
   for _ in range(num_steps):
@@ -227,7 +229,7 @@ def test_every_bf16_training_matmul_runs_in_bfloat16():
   """No dot of the backward pass is upcast to float32 (the slow path)."""
   # XLA:CPU keeps dots over 2 targets in float32 on its own accord (tiny).
   config = MlpConfig(hidden_sizes=(64, 64), dtype='bfloat16')
-  model = state_lib.Architecture(config, num_features=10,
+  model = state_lib.Architecture(config, InputLayout.numbers(10),
                                  num_targets=16).build(0)
   graphdef, params = nnx.split(model, nnx.Param)
   x_BxF = _x_BxF(256)
@@ -248,16 +250,18 @@ def _train_on_mesh(mesh, dtype: str, num_steps: int) -> tuple[np.ndarray,
   config.model.hidden_sizes = (64, 64, 64)
   config.model.dtype = dtype
   config.optimizer.schedule = 'constant'
-  setup = runtime.make_setup(config_lib.parse(config), num_features=10,
-                             num_targets=2, mesh=mesh)
+  setup = runtime.make_setup(config_lib.parse(config),
+                             InputLayout.numbers(10), num_targets=2,
+                             mesh=mesh)
   rng = np.random.default_rng(0)
   x_BxF = rng.standard_normal((64, 10)).astype(np.float32)
   y_BxT = np.concatenate([np.sin(x_BxF[:, :1]), x_BxF[:, 1:2] ** 2],
                          axis=1).astype(np.float32)
-  norm = Normalizer.fit(x_BxF, y_BxT, True)
+  norm = FeatureStats.fit(setup.arch.layout, x_BxF, y_BxT)
   state = state_lib.create_train_state(setup.arch, setup.tx, mesh, 0, norm)
-  train_step = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
-                                    mesh, config.log_every_steps)
+  train_step = steps.jit_train_step(setup.graphdef, setup.arch.layout,
+                                    setup.tx, setup.shardings, mesh,
+                                    config.log_every_steps)
   batch_sharding = sharding.batch_sharding(mesh)
   batch = {'x': jax.device_put(x_BxF, batch_sharding),
            'y': jax.device_put(y_BxT, batch_sharding)}

@@ -12,7 +12,7 @@ import pytest
 
 from cli_helpers import regression_frame, run_train
 from input_pipeline import table_files
-from meshfit import predict
+from meshfit import predict, runtime
 from meshfit.errors import UsageError
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -146,9 +146,10 @@ def test_bad_predict_requests_exit_2_and_write_nothing(csv_run, case,
   assert not out.exists()
 
 
-def test_a_checkpoint_without_column_names_is_refused():
-  with pytest.raises(UsageError, match='does not record the column names'):
-    predict.column_names({'config': {}, 'data_position': 0}, 5, 'ckpts')
+def test_a_checkpoint_of_an_older_meshfit_is_refused():
+  with pytest.raises(UsageError, match='older meshfit .*use that version'):
+    runtime.read_model({'config': {}, 'data_position': 0,
+                        'feature_names': ['x0']}, 5, 'ckpts')
 
 
 def _png_size(path) -> tuple[int, int]:
@@ -221,8 +222,7 @@ def test_predictions_round_trip_with_kept_columns(tmp_path, suffix):
   assert written['id'].tolist() == frame['id'].tolist()
   np.testing.assert_array_equal(written['b'], frame['b'])
   np.testing.assert_array_equal(
-      table_files.numeric_matrix(written, ['y_pred', 'z_pred'], out),
-      pred_Nx2)
+      written[['y_pred', 'z_pred']].to_numpy(np.float32), pred_Nx2)
   # Written under a temporary name and renamed: nothing else is left.
   assert sorted(os.listdir(tmp_path)) == sorted([f'in{suffix}',
                                                  f'pred{suffix}'])

@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 from configs import default
 from meshfit import config as config_lib, optim, sharding, state as state_lib
 from meshfit.errors import UsageError
-from meshfit.normalization import Normalizer
+from meshfit.features import FeatureStats, InputLayout
 from models.mlp import MlpConfig
 
 
@@ -33,7 +33,8 @@ def test_bad_mesh_shapes_are_usage_errors(data, model, message):
 
 def _shardings(hidden, mesh):
   config = default.get_config()
-  arch = state_lib.Architecture(MlpConfig(hidden_sizes=hidden), 10, 1)
+  arch = state_lib.Architecture(MlpConfig(hidden_sizes=hidden),
+                                InputLayout.numbers(10), 1)
   tx = optim.make_optimizer(config_lib.parse(config).optimizer, 100)
   return arch, tx, state_lib.state_shardings(arch, tx, mesh)
 
@@ -71,7 +72,7 @@ def test_state_is_created_in_its_shardings():
   mesh = sharding.make_mesh(4, 2)
   arch, tx, shardings = _shardings((64, 64), mesh)
   state = state_lib.create_train_state(arch, tx, mesh, 0,
-                                       Normalizer.identity(10, 1))
+                                       FeatureStats.identity(10, 1))
   actual = jax.tree.map(lambda a: a.sharding.spec, state)
   expected = jax.tree.map(lambda s: s.spec, shardings)
   assert actual == expected
@@ -93,7 +94,7 @@ def test_a_two_layer_block_needs_one_all_reduce():
   mesh = sharding.make_mesh(4, 2)
   arch, tx, shardings = _shardings((64, 64), mesh)
   state = state_lib.create_train_state(arch, tx, mesh, 0,
-                                       Normalizer.identity(10, 1))
+                                       FeatureStats.identity(10, 1))
   graphdef = state_lib.graphdef(arch)
   from flax import nnx  # noqa: PLC0415
 

@@ -36,7 +36,7 @@ def _slow_imports_after(code: str) -> list[str]:
 
 def test_importing_the_pipeline_and_the_runtime_imports_none():
   assert _slow_imports_after(
-      'import input_pipeline.columns, input_pipeline.csv_regression, '
+      'import input_pipeline.column_plan, input_pipeline.csv_regression, '
       'input_pipeline.order, input_pipeline.tables, meshfit.checkpointing, '
       'meshfit.config_files, meshfit.evaluate, meshfit.export, meshfit.loop, '
       'meshfit.metrics, meshfit.plots, meshfit.predict, meshfit.state, '
@@ -45,11 +45,11 @@ def test_importing_the_pipeline_and_the_runtime_imports_none():
 
 def _load_twice(dataset, train_rows: int) -> list[str]:
   """Slow imports of a fresh process loading `dataset` after this one did."""
-  data.load_splits(config_lib.parse_dataset(dataset))  # prepares, parses
+  data.load_splits(config_lib.parse_dataset(dataset), 0)  # prepares, parses
   return _slow_imports_after(
       'from meshfit import config, data\n'
       'splits = data.load_splits(config.parse_dataset('
-      f'{dataset.to_dict()!r}))\n'
+      f'{dataset.to_dict()!r}), 0)\n'
       f'assert splits.train.num_examples == {train_rows}')
 
 

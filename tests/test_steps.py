@@ -7,7 +7,7 @@ import pytest
 
 from meshfit import (call_plan, config as config_lib, data, feeding, runtime,
                      sharding, state as state_lib, steps)
-from meshfit.normalization import Normalizer
+from meshfit.features import FeatureStats, InputLayout
 
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
 
@@ -15,14 +15,14 @@ MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
 def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
             resident=True, steps_per_call=8):
   """Losses of `num_steps` steps run in calls of `chunk_sizes` steps."""
-  setup = runtime.make_setup(config_lib.parse(config),
-                             splits.train.x_NxF.shape[1],
+  layout = InputLayout.numbers(splits.train.x_NxF.shape[1])
+  setup = runtime.make_setup(config_lib.parse(config), layout,
                              splits.train.y_NxT.shape[1], mesh=mesh)
-  norm = Normalizer.fit(splits.train.x_NxF, splits.train.y_NxT)
+  norm = FeatureStats.fit(layout, splits.train.x_NxF, splits.train.y_NxT)
   state = state_lib.create_train_state(setup.arch, setup.tx, mesh,
                                        config.seed, norm)
-  step_fn = steps.jit_train_call(setup.graphdef, setup.tx, setup.shardings,
-                                 mesh, config.log_every_steps)
+  step_fn = steps.jit_train_call(setup.graphdef, layout, setup.tx,
+                                 setup.shardings, mesh, config.log_every_steps)
   if chunk_sizes is None:
     chunk_sizes = list(call_plan.plan_calls(0, num_steps, steps_per_call))
   assert sum(chunk_sizes) == num_steps
@@ -30,7 +30,7 @@ def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
       splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
       seed=config.seed, mesh=mesh, steps_per_call=steps_per_call,
       resident=resident)
-  table_z = (steps.jit_standardize(mesh)(state.norm, feed.device_table())
+  table_z = (steps.jit_encode(mesh, layout)(state.stats, feed.device_table())
              if resident else {})
   losses = []
   for n, chunk in feed.chunks(chunk_sizes):
@@ -44,7 +44,8 @@ def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
 def one_device_run(request):
   config = request.getfixturevalue('small_config')
   config.model.hidden_sizes = (64, 64)
-  splits = data.load_splits(config_lib.parse_dataset(config.dataset))
+  splits = data.load_splits(config_lib.parse_dataset(config.dataset),
+                            config.seed)
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
   return config, splits, _losses(config, splits, mesh, 40)
 
@@ -94,12 +95,14 @@ def test_streamed_batches_train_like_resident_ones(one_device_run):
 def test_one_step_per_call_matches_the_single_step(one_device_run):
   config, splits, (expected, _) = one_device_run
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
-  setup = runtime.make_setup(config_lib.parse(config), 10, 1, mesh=mesh)
+  setup = runtime.make_setup(config_lib.parse(config),
+                             InputLayout.numbers(10), 1, mesh=mesh)
   state = state_lib.create_train_state(
       setup.arch, setup.tx, mesh, config.seed,
-      Normalizer.fit(splits.train.x_NxF, splits.train.y_NxT))
-  step_fn = steps.jit_train_step(setup.graphdef, setup.tx, setup.shardings,
-                                 mesh, config.log_every_steps)
+      FeatureStats.fit(setup.arch.layout, splits.train.x_NxF,
+                       splits.train.y_NxT))
+  step_fn = steps.jit_train_step(setup.graphdef, setup.arch.layout, setup.tx,
+                                 setup.shardings, mesh, config.log_every_steps)
   feed = feeding.TrainFeed(
       splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
       seed=config.seed, mesh=mesh, steps_per_call=1, resident=False)
@@ -121,11 +124,12 @@ def test_train_metrics_average_the_logging_window(one_device_run):
 
 def test_eval_step_matches_numpy(one_device_run):
   config, splits, (_, state) = one_device_run
-  setup = runtime.make_setup(config_lib.parse(config), 10, 1,
+  setup = runtime.make_setup(config_lib.parse(config),
+                             InputLayout.numbers(10), 1,
                              mesh=sharding.make_mesh(4, 2))
   state = jax.device_put(state, setup.shardings)
   result = runtime.evaluate_table(setup, state, splits.eval, batch_size=24)
-  pred = np.asarray(steps.predict(setup.graphdef, state,
+  pred = np.asarray(steps.predict(setup.graphdef, setup.arch.layout, state,
                                   splits.eval.x_NxF))
   err = pred[:, 0] - splits.eval.y_NxT[:, 0]
   y = splits.eval.y_NxT[:, 0].astype(np.float64)

@@ -1,4 +1,4 @@
-"""input_pipeline.table_files: users' files, with every cell checked."""
+"""input_pipeline.table_files: reading users' files, checked."""
 
 import numpy as np
 import pandas as pd
@@ -10,35 +10,57 @@ from input_pipeline.errors import DataError
 
 
 @pytest.mark.parametrize('suffix', ['.csv', '.parquet'])
-def test_numeric_matrix_holds_named_columns_in_file_order(tmp_path, suffix):
+def test_a_file_is_read_with_its_columns_in_file_order(tmp_path, suffix):
   frame = _frame()
   path = _write(tmp_path / f't{suffix}', frame)
-  x_Nx2 = table_files.numeric_matrix(table_files.read_frame(path), ['b', 'a'],
-                                     path)
-  assert x_Nx2.dtype == np.float32
-  np.testing.assert_array_equal(
-      x_Nx2, frame[['b', 'a']].to_numpy(np.float32))
+  read = table_files.read_frame(path)
+  assert list(read.columns) == ['id', 'a', 'b', 'y']
+  np.testing.assert_allclose(read['a'], frame['a'])
+  assert read['id'].tolist() == frame['id'].tolist()
 
-def test_earliest_bad_row_over_all_columns_is_reported(tmp_path):
+
+@pytest.mark.parametrize('delimiter', [';', '\t', '|'])
+def test_the_delimiter_is_read_from_the_header(tmp_path, delimiter):
   path = tmp_path / 't.csv'
-  path.write_bytes(b'a,b\n1,2\n3,x\n,4\n')
-  with pytest.raises(DataError, match=r"column 'b', data row 2"):
-    table_files.numeric_matrix(table_files.read_frame(str(path)), ['a', 'b'],
-                               str(path))
+  path.write_text(f'a{delimiter}b{delimiter}y\n1{delimiter}2,5{delimiter}3\n'
+                  f'4{delimiter}5{delimiter}6\n')
+  read = table_files.read_frame(str(path))
+  assert list(read.columns) == ['a', 'b', 'y']
+  assert read['b'].tolist() == ['2,5', '5']  # commas are data here
 
-@pytest.mark.parametrize('value,problem', [
-    (np.nan, 'missing'), (np.inf, 'inf is not a finite'),
-    ('seven', "'seven' is not a number")])
-def test_bad_value_in_parquet_names_column_and_row(tmp_path, value, problem):
-  column = [1.0, 2.0, value, 4.0]
-  if isinstance(value, str):  # a text column: every cell a string
-    column = [str(v) for v in column]
-  frame = pd.DataFrame({'a': column, 'y': [1.0] * 4})
-  path = _write(tmp_path / 't.parquet', frame)
+
+def test_missing_cells_read_as_missing(tmp_path):
+  path = tmp_path / 't.csv'
+  path.write_text('a,b\n1,x\n?,NA\n,y\n')
+  read = table_files.read_frame(str(path))
+  assert read['a'].isna().tolist() == [False, True, True]
+  assert read['b'].isna().tolist() == [False, True, False]
+
+
+# Each case: file content, then the parts its message must hold.
+_BAD_CSV = {
+    'empty': (b'', ['is empty']),
+    'header_only': (b'a,y\n', ['header row but no data rows']),
+    'duplicated': (b'a,y,a\n1,2,3\n', ["column 'a' twice", 'columns 1 and 3']),
+    'ragged': (b'a,y\n1,2\n3,4,5\n', ['not a readable CSV', 'line 3',
+                                      'comma-separated']),
+    'ragged_semicolons': (b'a;y\n1;2\n3;4;5\n', ['semicolon-separated']),
+}
+
+
+@pytest.mark.parametrize('case', sorted(_BAD_CSV))
+def test_a_bad_file_is_named_with_what_is_wrong(tmp_path, case):
+  content, parts = _BAD_CSV[case]
+  bad = tmp_path / 'train.csv'
+  bad.write_bytes(content)
   with pytest.raises(DataError) as e:
-    table_files.numeric_matrix(table_files.read_frame(path), ['a'], path)
-  assert f"'{path}', column 'a', data row 3" in str(e.value)
-  assert problem in str(e.value)
+    table_files.read_frame(str(bad), 'dataset.train_path')
+  message = str(e.value)
+  assert f"'{bad}' (dataset.train_path)" in message
+  for part in parts:
+    assert part in message
+  assert '\n' not in message
+
 
 def test_missing_and_unreadable_files(tmp_path):
   with pytest.raises(DataError, match=r"'.*nope\.csv' \(--input\) does not "
@@ -57,24 +79,11 @@ def test_missing_and_unreadable_files(tmp_path):
     table_files.read_frame(path)
 
 
-def test_numeric_matrix_ignores_extra_columns_and_names_a_missing_one(
-    tmp_path):
+def test_pass_through_keeps_columns_and_refuses_a_missing_one(tmp_path):
   frame = _frame()
   path = _write(tmp_path / 'in.csv', frame)
-  read = lambda names: table_files.numeric_matrix(  # noqa: E731
-      table_files.read_frame(path, '--input'), names, path, '--input',
-      role='a feature the model was trained on')
-  np.testing.assert_array_equal(read(('b', 'a')),
-                                frame[['b', 'a']].to_numpy(np.float32))
-  with pytest.raises(DataError) as e:
-    read(('a', 'zeta'))
-  assert "'--input'" not in str(e.value)  # the flag is named, not quoted
-  assert "(--input) has no column 'zeta'" in str(e.value)
-  assert 'a feature the model was trained on' in str(e.value)
-
-
-def test_pass_through_refuses_a_missing_column(tmp_path):
-  frame = _frame()
-  path = _write(tmp_path / 'in.csv', frame)
+  kept = table_files.pass_through(frame, ['y', 'id'], path)
+  assert list(kept.columns) == ['y', 'id'] and len(kept) == len(frame)
   with pytest.raises(DataError, match=r"no column 'key' \(asked to keep"):
     table_files.pass_through(frame, ['key'], path)
+  assert isinstance(kept, pd.DataFrame)

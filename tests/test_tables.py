@@ -113,8 +113,7 @@ def test_table_rejects_mismatched_rows():
     tables.Table(
         x_NxF=np.zeros((3, 1), np.float32),
         y_NxT=np.zeros((2, 1), np.float32),
-        feature_names=('x0',),
-        target_names=('y',),
+        plan=tables.generated_plan(1, 1),
     )
 
 
@@ -164,7 +163,7 @@ def test_damaged_kept_copy_is_parsed_again(tmp_path):
                                        str(tmp_path))
   whole = tables.read_split(directory, 'train')
   [name] = _parsed_files(directory)
-  path = pathlib.Path(directory, 'meshfit_tables.v1', name)
+  path = pathlib.Path(directory, 'meshfit_tables.v2', name)
   path.write_bytes(path.read_bytes()[:100])
   again = tables.read_split(directory, 'train')
   np.testing.assert_array_equal(again.y_NxT, whole.y_NxT)
@@ -173,16 +172,16 @@ def test_damaged_kept_copy_is_parsed_again(tmp_path):
   assert path.stat().st_size > 1000
 
 
-def test_split_that_cannot_be_kept_is_still_read(tmp_path, caplog):
+def test_split_that_cannot_be_kept_is_still_read(tmp_path, absl_caplog):
   directory = tables.prepare_generated('synthetic_regression/linear',
                                        str(tmp_path))
   # A file where the kept copies' directory goes: writing them fails, as in
   # a read-only data_dir (which root, running the tests in CI, could write).
-  pathlib.Path(directory, 'meshfit_tables.v1').write_text('')
+  pathlib.Path(directory, 'meshfit_tables.v2').write_text('')
   table = tables.read_split(directory, 'train')
   assert table.num_examples == 128
-  assert 'Could not keep the parsed split' in caplog.text
-  assert _parsed_files(directory) == ['meshfit_tables.v1']
+  assert 'Could not keep the parsed split' in absl_caplog.text
+  assert _parsed_files(directory) == ['meshfit_tables.v2']
 
 
 def test_unknown_split_is_not_kept(linear):

@@ -69,8 +69,10 @@ def test_metrics_jsonl_has_every_scalar(trained):
   evals = [r for r in records if 'eval/rmse' in r]
   assert [r['step'] for r in evals] == [100, 200]
   assert evals[-1]['eval/rmse'] == final['rmse']  # full precision
+  # Overall values, then each target's (one here: 'y').
   assert set(evals[-1]) == {'step', 'eval/mse', 'eval/rmse', 'eval/mae',
-                            'eval/r2'}
+                            'eval/r2', 'eval/rmse/y', 'eval/mae/y',
+                            'eval/r2/y'}
 
 
 def test_tensorboard_reader_finds_the_same_values(trained):

@@ -52,8 +52,9 @@ def test_two_tensorboard_writers_in_one_second_keep_both_files(tmp_path):
   assert _tensorboard_scalars(tmp_path) == {'a': {1: 1.0, 2: 2.0}}
 
 
-def test_create_writer_sends_scalars_to_every_destination(tmp_path, caplog):
-  caplog.set_level(logging.INFO)
+def test_create_writer_sends_scalars_to_every_destination(tmp_path,
+                                                         absl_caplog):
+  caplog = absl_caplog
   writer = writers.create_writer(str(tmp_path), is_main=True)
   writer.write_scalars(7, {'train/loss': np.float32(0.125), 'eval/r2': 0.5})
   writer.close()
@@ -64,8 +65,8 @@ def test_create_writer_sends_scalars_to_every_destination(tmp_path, caplog):
   assert '[7] eval/r2=0.5, train/loss=0.125' in caplog.text
 
 
-def test_other_processes_only_log(tmp_path, caplog):
-  caplog.set_level(logging.INFO)
+def test_other_processes_only_log(tmp_path, absl_caplog):
+  caplog = absl_caplog
   writer = writers.create_writer(str(tmp_path), is_main=False)
   writer.write_scalars(3, {'train/loss': 2.0})
   writer.close()

@@ -1,0 +1,408 @@
+"""Every column of a user's table has a kind, decided from the training file.
+
+The plan is fit once, on the training file, and stored with the model (in
+every checkpoint's meta); train, eval, predict and export all encode a file
+with it, so a value means the same to the model wherever it comes from.
+`encode` turns a frame into the model's input matrix, one float32 column per
+input, in plan order:
+
+- **number**: the value; a missing cell (empty, NaN, NA, ?, ...) is NaN, to
+  be filled and flagged on device (meshfit/features.py).
+- **boolean**: 1 or 0 (NaN when missing).
+- **category**: text, or integer codes named in `dataset.categorical_columns`.
+  The training file's values seen at least MIN_COUNT times form the
+  vocabulary; a cell becomes its code, 2 + its index there. A missing cell is
+  code 1 when the training file had missing cells (else 0), and anything else
+  (a value too rare in training or never seen) code 0, the unknown bucket,
+  which rare training values teach the model.
+- **datetime**: ISO-8601 dates or timestamps (or Parquet's own), expanded into
+  numbers: days since 1970, year, month, day, weekday, day of the year, and
+  the hour when times of day vary.
+- **left_out**: ids and free text, with nearly one value per row; named in
+  one warning line by the caller.
+
+pandas is imported by the functions that need it, not with this module.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from input_pipeline import table_files
+from input_pipeline.errors import DataError
+
+if TYPE_CHECKING:
+  import pandas as pd
+
+KINDS = ('number', 'boolean', 'category', 'datetime', 'left_out')
+# A category value seen fewer times than this in training is encoded as
+# unknown: the unknown bucket then learns from the rare values.
+MIN_COUNT = 2
+# Text with more distinct values than this fraction of its cells is an id
+# or free text, not a category.
+MAX_DISTINCT_FRACTION = 0.9
+# A column whose cells are numbers at least this often is numeric: the other
+# cells are errors to report, not a sign that the column is text.
+NUMERIC_FRACTION = 0.9
+# How many cells a column needs before its distinct fraction says anything.
+MIN_CELLS_FOR_ID = 20
+UNKNOWN_CODE, MISSING_CODE, FIRST_VALUE_CODE = 0, 1, 2
+DATETIME_PARTS = ('days', 'year', 'month', 'day', 'weekday', 'dayofyear')
+PLAN_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+  """One column of the training file and how the model sees it.
+
+  Attributes:
+    name: the column's header.
+    kind: one of KINDS.
+    has_missing: the training file has missing cells in it.
+    vocabulary: a category's values, in code order (code = 2 + index).
+    parts: a datetime's numbers, a subset of DATETIME_PARTS plus 'hour'.
+    reason: why a column is left out.
+  """
+  name: str
+  kind: str
+  has_missing: bool = False
+  vocabulary: tuple[str, ...] = ()
+  parts: tuple[str, ...] = ()
+  reason: str = ''
+
+  @property
+  def input_names(self) -> tuple[str, ...]:
+    """The model's input columns that this column becomes."""
+    if self.kind == 'left_out':
+      return ()
+    if self.kind == 'datetime':
+      return tuple(f'{self.name}.{p}' for p in self.parts)
+    return (self.name,)
+
+  @property
+  def num_codes(self) -> int:
+    """Size of a category's code space (unknown, missing, vocabulary)."""
+    return FIRST_VALUE_CODE + len(self.vocabulary)
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnPlan:
+  """The kinds of a table's columns, fit on the training file.
+
+  Attributes:
+    features: the feature columns, in the model's order (left-out ones
+      included, with their reason).
+    targets: the target columns' names.
+  """
+  features: tuple[Column, ...]
+  targets: tuple[str, ...]
+
+  @property
+  def used(self) -> tuple[Column, ...]:
+    """The columns the model reads (every kind but left_out)."""
+    return tuple(c for c in self.features if c.kind != 'left_out')
+
+  @property
+  def feature_names(self) -> tuple[str, ...]:
+    """The names of the columns the model reads, in order."""
+    return tuple(c.name for c in self.used)
+
+  @property
+  def input_names(self) -> tuple[str, ...]:
+    """The model's input columns, one per column of `encode`'s matrix."""
+    return tuple(n for c in self.used for n in c.input_names)
+
+  @property
+  def input_categories(self) -> tuple[int, ...]:
+    """Per input column: its number of codes if a category, else 0."""
+    return tuple(c.num_codes if c.kind == 'category' else 0
+                 for c in self.used for _ in c.input_names)
+
+  @property
+  def left_out(self) -> tuple[Column, ...]:
+    return tuple(c for c in self.features if c.kind == 'left_out')
+
+  def to_json(self) -> dict[str, Any]:
+    """A JSON-able description (stored in every checkpoint's meta)."""
+    return {'version': PLAN_VERSION,
+            'features': [dataclasses.asdict(c) for c in self.features],
+            'targets': list(self.targets)}
+
+  @classmethod
+  def from_json(cls, data: dict[str, Any]) -> ColumnPlan:
+    if data.get('version') != PLAN_VERSION:
+      raise DataError(f'the column plan is of version {data.get("version")!r}'
+                      f', this meshfit reads version {PLAN_VERSION}; train '
+                      'again with this meshfit')
+    features = tuple(Column(**{**c, 'vocabulary': tuple(c['vocabulary']),
+                                'parts': tuple(c['parts'])})
+                     for c in data['features'])
+    return cls(features, tuple(data['targets']))
+
+  @classmethod
+  def numeric(cls, feature_names: Sequence[str],
+              target_names: Sequence[str]) -> ColumnPlan:
+    """A plan of number columns only (the synthetic datasets)."""
+    return cls(tuple(Column(n, 'number') for n in feature_names),
+               tuple(target_names))
+
+  def describe(self) -> str:
+    """One line: how many columns of each kind, and which are left out."""
+    counts = collections.Counter(c.kind for c in self.features)
+    text = ', '.join(f'{counts[k]} {k.replace("_", " ")}' for k in KINDS
+                     if counts[k])
+    return f'{len(self.features)} feature columns: {text}'
+
+  def encode(self, frame: pd.DataFrame, path: str, source: str = ''
+             ) -> tuple[np.ndarray, dict[str, int]]:
+    """The model's input matrix for the rows of `frame`.
+
+    Args:
+      frame: a frame holding (at least) the plan's used columns, by name.
+      path: the file the frame came from, named in messages.
+      source: the setting or flag the path came from, named in messages.
+
+    Returns:
+      x_NxI, float32, one column per input (see the module doc), rows in
+      frame order; and {column: rows} of categories holding a value the
+      training file did not have (encoded as unknown), for a warning.
+
+    Raises:
+      DataError: a used column is missing, or a cell of a number column is
+        text (the message names the column and the first such row).
+    """
+    name = table_files.describe(path, source)
+    x_NxI = np.empty((len(frame), len(self.input_names)), np.float32)
+    unseen = {}
+    i = 0
+    for column in self.used:
+      if column.name not in frame.columns:
+        raise table_files.missing_column_error(
+            frame, column.name, name, ' (a feature the model was trained on)')
+      values = frame[column.name]
+      width = len(column.input_names)
+      if column.kind in ('number', 'boolean'):
+        x_NxI[:, i] = _numbers(values, column.name, name)
+      elif column.kind == 'category':
+        codes, new = _codes(values, column)
+        x_NxI[:, i] = codes
+        if new:
+          unseen[column.name] = new
+      else:
+        x_NxI[:, i:i + width] = _datetime_parts(values, column.parts)
+      i += width
+    return x_NxI, unseen
+
+  def targets_of(self, frame: pd.DataFrame, path: str,
+                 source: str = '') -> np.ndarray:
+    """y_NxT, float32, NaN where a target is missing."""
+    name = table_files.describe(path, source)
+    y_NxT = np.empty((len(frame), len(self.targets)), np.float32)
+    for t, target in enumerate(self.targets):
+      if target not in frame.columns:
+        raise table_files.missing_column_error(frame, target, name,
+                                               ' (a target)')
+      y_NxT[:, t] = _numbers(frame[target], target, name, target=True)
+    return y_NxT
+
+
+def fit(frame: pd.DataFrame, target_columns: Sequence[str],
+        feature_columns: Sequence[str] = (),
+        categorical_columns: Sequence[str] = (), path: str = '',
+        source: str = '') -> ColumnPlan:
+  """Decides every column's kind from a training file.
+
+  Args:
+    frame: the training file, parsed (`table_files.parse`).
+    target_columns: the columns to predict; numbers.
+    feature_columns: the features, by name; () takes every other column
+      (ids and free text are then left out).
+    categorical_columns: integer (or any) columns to treat as categories.
+    path: the file, named in messages.
+    source: the setting the path came from, named in messages.
+
+  Raises:
+    DataError: a named column is missing, a target is not numeric, or a
+      numeric column holds text in a few cells (named, with the row).
+  """
+  name = table_files.describe(path, source)
+  for column, key in ([(c, 'dataset.target_columns') for c in target_columns]
+                      + [(c, 'dataset.feature_columns')
+                         for c in feature_columns]
+                      + [(c, 'dataset.categorical_columns')
+                         for c in categorical_columns]):
+    if column not in frame.columns:
+      raise table_files.missing_column_error(frame, column, name,
+                                             f' named in {key}')
+  for target in target_columns:
+    _numbers(frame[target], target, name, target=True)  # checks the cells
+  chosen = feature_columns or [c for c in frame.columns
+                               if c not in target_columns]
+  columns = tuple(_fit_column(frame[c], str(c), c in categorical_columns,
+                              named=bool(feature_columns), file_name=name)
+                  for c in chosen)
+  if not any(c.kind != 'left_out' for c in columns):
+    raise DataError(
+        f'{name} has no usable feature besides the targets '
+        f'{", ".join(target_columns)}: {_left_out_text(columns)}; add a '
+        'column, or name the features in dataset.feature_columns')
+  return ColumnPlan(columns, tuple(target_columns))
+
+
+def _left_out_text(columns: Sequence[Column]) -> str:
+  left = [c for c in columns if c.kind == 'left_out']
+  return ', '.join(f'{c.name} ({c.reason})' for c in left) or 'none'
+
+
+def left_out_warning(plan: ColumnPlan) -> str | None:
+  """The one warning line naming the columns left out, if any."""
+  if not plan.left_out:
+    return None
+  return (f'{len(plan.left_out)} column(s) left out of the features: '
+          f'{_left_out_text(plan.left_out)}; name a column in '
+          'dataset.categorical_columns to use it as a category')
+
+
+def _fit_column(values: pd.Series, name: str, categorical: bool,
+                named: bool, file_name: str) -> Column:
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
+  missing = values.isna()
+  has_missing = bool(missing.any())
+  present = values[~missing]
+  if name.startswith('Unnamed: ') and not named:
+    # pandas' name for an empty header: most often an index written by
+    # DataFrame.to_csv, which must not become a feature.
+    return Column(name, 'left_out', reason='no header: an index')
+  if categorical:
+    return _category(present.map(_as_text), name, has_missing)
+  if pd.api.types.is_bool_dtype(values) or _is_boolean_text(present):
+    return Column(name, 'boolean', has_missing)
+  if pd.api.types.is_datetime64_any_dtype(values):
+    return Column(name, 'datetime', has_missing,
+                  parts=_parts(pd.to_datetime(present)))
+  if pd.api.types.is_numeric_dtype(values):
+    return Column(name, 'number', has_missing)
+  numbers = pd.to_numeric(present, errors='coerce')
+  if len(present) and numbers.notna().mean() >= NUMERIC_FRACTION:
+    _numbers(values, name, file_name)  # names the first cell that is text
+    return Column(name, 'number', has_missing)
+  dates = _parse_dates(present)
+  if len(present) and dates.notna().mean() >= NUMERIC_FRACTION:
+    return Column(name, 'datetime', has_missing, parts=_parts(dates))
+  text = present.map(_as_text)
+  if (len(text) >= MIN_CELLS_FOR_ID and not named
+      and text.nunique() > MAX_DISTINCT_FRACTION * len(text)):
+    return Column(name, 'left_out', reason='nearly one value per row: an id '
+                  'or free text')
+  return _category(text, name, has_missing)
+
+
+def _category(text: pd.Series, name: str, has_missing: bool) -> Column:
+  counts = text.value_counts()
+  kept = counts[counts >= MIN_COUNT]
+  # Most frequent first; ties by value, so that the plan is reproducible.
+  vocabulary = tuple(sorted(kept.index, key=lambda v: (-kept[v], v)))
+  return Column(name, 'category', has_missing, vocabulary=vocabulary)
+
+
+def _as_text(value: Any) -> str:
+  """A cell as category text: integral floats lose their '.0'."""
+  if isinstance(value, float) and value.is_integer():
+    return str(int(value))
+  return str(value).strip()
+
+
+def _is_text(values: pd.Series) -> bool:
+  """Whether a column holds text (pandas' string dtype, or objects)."""
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
+  return values.dtype == object or pd.api.types.is_string_dtype(values)
+
+
+def _is_boolean_text(present: pd.Series) -> bool:
+  if not _is_text(present) or not len(present):
+    return False
+  lowered = {str(v).strip().lower() for v in present.unique()}
+  return lowered <= {'true', 'false'}
+
+
+def _parse_dates(present: pd.Series) -> pd.Series:
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
+  if not _is_text(present):
+    return pd.Series([], dtype='datetime64[ns]')
+  return pd.to_datetime(present, format='ISO8601', errors='coerce', utc=True)
+
+
+def _parts(dates: pd.Series) -> tuple[str, ...]:
+  """The numbers a datetime column becomes (the hour if times vary)."""
+  has_time = bool(len(dates) and (dates.dt.hour != 0).any())
+  return DATETIME_PARTS + (('hour',) if has_time else ())
+
+
+def _numbers(values: pd.Series, column: str, file_name: str,
+             target: bool = False) -> np.ndarray:
+  """float64 values of a number (or boolean) column, NaN where missing.
+
+  Raises:
+    DataError: a cell holds text (or is infinite or beyond float32); the
+      message names the column and the first such data row.
+  """
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
+  if _is_text(values) and _is_boolean_text(values.dropna()):
+    lowered = values.map(lambda v: v if pd.isna(v) else str(v).strip().lower())
+    return lowered.map({'true': 1.0, 'false': 0.0}).to_numpy(
+        np.float64, na_value=np.nan)
+  numbers = pd.to_numeric(values, errors='coerce').to_numpy(
+      np.float64, na_value=np.nan)
+  text = np.isnan(numbers) & values.notna().to_numpy()
+  bad = text | np.isinf(numbers) | (np.abs(np.nan_to_num(numbers))
+                                    > np.finfo(np.float32).max)
+  if bad.any():
+    row = int(np.argmax(bad))
+    cell = values.iloc[row]
+    problem = (f'{cell!r} is not a number' if text[row] else
+               f'{numbers[row]:g} is not a finite float32 number')
+    count = int(bad.sum())
+    more = f' ({count} such cells in this column)' if count > 1 else ''
+    fix = ('fix that cell, or leave it empty for a missing value' if target
+           else 'fix that cell, leave it empty for a missing value, or name '
+           'the column in dataset.categorical_columns to treat it as text')
+    raise DataError(
+        f'{file_name}, column {column!r}, data row {row + 1} (1-based, header '
+        f'not counted): {problem}{more}; {fix}')
+  return numbers
+
+
+def _codes(values: pd.Series, column: Column) -> tuple[np.ndarray, int]:
+  """(codes of a category column's cells, how many cells were unseen)."""
+  index = {v: FIRST_VALUE_CODE + i for i, v in enumerate(column.vocabulary)}
+  missing = values.isna().to_numpy()
+  text = values.map(lambda v: None if v is None or v != v else _as_text(v))
+  codes = text.map(index).to_numpy(np.float64, na_value=np.nan, copy=True)
+  unseen = np.isnan(codes) & ~missing
+  codes[unseen] = UNKNOWN_CODE
+  codes[missing] = MISSING_CODE if column.has_missing else UNKNOWN_CODE
+  return codes.astype(np.float32), int(unseen.sum())
+
+
+def _datetime_parts(values: pd.Series, parts: Sequence[str]) -> np.ndarray:
+  """N x len(parts) float32 numbers of a datetime column (NaN missing)."""
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
+  if pd.api.types.is_datetime64_any_dtype(values):
+    dates = pd.to_datetime(values, utc=True)
+  else:
+    dates = pd.to_datetime(values, format='ISO8601', errors='coerce',
+                           utc=True)
+  epoch = pd.Timestamp('1970-01-01', tz='UTC')
+  compute = {
+      'days': lambda d: (d - epoch) / pd.Timedelta(days=1),
+      'year': lambda d: d.dt.year, 'month': lambda d: d.dt.month,
+      'day': lambda d: d.dt.day, 'weekday': lambda d: d.dt.day_of_week,
+      'dayofyear': lambda d: d.dt.day_of_year, 'hour': lambda d: d.dt.hour,
+  }
+  return np.stack([compute[p](dates).to_numpy(np.float64, na_value=np.nan)
+                   for p in parts], axis=1).astype(np.float32)

@@ -1,0 +1,92 @@
+"""How numbers and categories enter the network, before its hidden layers.
+
+Both carry logical axis names like the dense layers (models/mlp.py), so
+`meshfit/sharding.py` alone places them: a category table's rows are named
+VOCAB_AXIS, which may split over the model-parallel axis for a large
+vocabulary.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+# Logical axis names of the embeddings (see also models/mlp.py).
+VOCAB_AXIS = 'vocab'  # rows of a category embedding table
+FEATURE_AXIS = 'feature'  # one entry per input number
+BIN_AXIS = 'bin'  # the bins of a piecewise-linear encoding
+EMBED_AXIS = 'embed'  # an embedding's width, kept whole
+# A category table's rows are padded to a multiple of this, so that they
+# split evenly over any power-of-two model axis up to it.
+VOCAB_ROWS_MULTIPLE = 64
+
+
+def normal_quantile_edges(bins: int) -> np.ndarray:
+  """bins + 1 edges: equal-probability bins of a standard normal, the outer
+  edges at +-3 (numbers scaled to a normal fall in equal shares)."""
+  inner = jax.scipy.special.ndtri(np.arange(1, bins) / bins)
+  return np.concatenate([[-3.0], np.asarray(inner), [3.0]]).astype(np.float32)
+
+
+class PiecewiseLinear(nnx.Module):
+  """Each number's piecewise-linear encoding, then its own dense + ReLU.
+
+  Gorishniy et al. 2022 ("On Embeddings for Numerical Features in Tabular
+  Deep Learning"), PLE followed by a per-feature linear layer and ReLU. The
+  bins' edges are fixed normal quantiles: the numbers arrive scaled (to a
+  normal by the quantile scaling), so each bin holds about as many training
+  values as the others.
+  """
+
+  def __init__(self, num_numbers: int, bins: int, dim: int, *,
+               param_dtype: jnp.dtype, rngs: nnx.Rngs):
+    edges = normal_quantile_edges(bins)
+    self.left = tuple(float(e) for e in edges[:-1])
+    self.width = tuple(float(w) for w in np.diff(edges))
+    init = nnx.initializers.variance_scaling(1.0, 'fan_in', 'normal',
+                                             in_axis=1, out_axis=2)
+    self.kernel = nnx.Param(nnx.with_partitioning(
+        init, (FEATURE_AXIS, BIN_AXIS, EMBED_AXIS))(
+            rngs.params(), (num_numbers, bins, dim), param_dtype))
+    self.bias = nnx.Param(nnx.with_partitioning(
+        nnx.initializers.zeros_init(), (FEATURE_AXIS, EMBED_AXIS))(
+            rngs.params(), (num_numbers, dim), param_dtype))
+
+  def __call__(self, z_BxN: jax.Array) -> jax.Array:
+    """B x (N * dim) features of the scaled numbers z_BxN."""
+    left_1x1xK = jnp.asarray(self.left)[None, None]
+    width_1x1xK = jnp.asarray(self.width)[None, None]
+    e_BxNxK = (z_BxN[..., None] - left_1x1xK) / width_1x1xK
+    bins = len(self.left)
+    # The first bin is open below and the last above; the others saturate.
+    lower_1x1xK = jnp.where(jnp.arange(bins) == 0, -jnp.inf, 0.0)[None, None]
+    upper_1x1xK = jnp.where(jnp.arange(bins) == bins - 1, jnp.inf,
+                            1.0)[None, None]
+    e_BxNxK = jnp.clip(e_BxNxK, lower_1x1xK, upper_1x1xK)
+    h_BxNxD = jnp.einsum('bnk,nkd->bnd', e_BxNxK,
+                         self.kernel[...].astype(jnp.float32))
+    h_BxNxD = jax.nn.relu(h_BxNxD
+                          + self.bias[...].astype(jnp.float32)[None])
+    return h_BxNxD.reshape(z_BxN.shape[0], -1)
+
+
+class CategoryEmbedding(nnx.Module):
+  """One learned vector per value of every category column.
+
+  All columns share one table: column c's codes 0..sizes[c]-1 are rows
+  offsets[c].. of it, so a batch's lookups are a single gather.
+  """
+
+  def __init__(self, sizes: tuple[int, ...], dim: int, *,
+               param_dtype: jnp.dtype, rngs: nnx.Rngs):
+    self.offsets = tuple(int(o) for o in np.cumsum((0,) + sizes[:-1]))
+    rows = -(-sum(sizes) // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
+    self.table = nnx.Param(nnx.with_partitioning(
+        nnx.initializers.normal(1.0), (VOCAB_AXIS, EMBED_AXIS))(
+            rngs.params(), (rows, dim), param_dtype))
+
+  def __call__(self, codes_BxC: jax.Array) -> jax.Array:
+    """B x (C * dim) features of the integer codes codes_BxC."""
+    rows_BxC = codes_BxC + jnp.asarray(self.offsets, codes_BxC.dtype)[None]
+    vectors_BxCxD = jnp.take(self.table[...], rows_BxC, axis=0)
+    return vectors_BxCxD.astype(jnp.float32).reshape(codes_BxC.shape[0], -1)

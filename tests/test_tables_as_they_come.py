@@ -1,0 +1,221 @@
+"""A user's table as it comes: kinds, missing values, validation, the best
+step, a changed file, per-target metrics, predictions for every row.
+
+tests/data/penguins_*.csv is palmerpenguins' table (CC0) split 80/20 as it
+ships: text categories, missing numbers, a missing target.
+"""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+from cli_helpers import ROOT, run_train
+
+from configs import csv as csv_config
+from input_pipeline.errors import DataError
+from meshfit import evaluate, loop, predict, writers
+from meshfit.errors import UsageError
+
+PENGUINS = os.path.join(ROOT, 'tests', 'data')
+
+
+def _config(tmp_path, train: str, test: str, targets=('body_mass_g',),
+            **changes):
+  config = csv_config.get_config()
+  config.dataset.data_dir = str(tmp_path / 'data')
+  config.dataset.train_path = train
+  config.dataset.eval_path = test
+  config.dataset.target_columns = targets
+  config.num_train_steps = 300
+  config.eval_every_steps = 50
+  config.log_every_steps = 50
+  config.plots = False
+  for key, value in changes.items():
+    *parents, leaf = key.split('.')
+    node = config
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+def _penguins(tmp_path, **changes):
+  return _config(tmp_path, os.path.join(PENGUINS, 'penguins_train.csv'),
+                 os.path.join(PENGUINS, 'penguins_test.csv'), **changes)
+
+
+@pytest.fixture(scope='module')
+def penguins_run(tmp_path_factory):
+  """The real table, trained as it comes, with validation."""
+  tmp = tmp_path_factory.mktemp('penguins')
+  config = _penguins(tmp, **{'dataset.validation_fraction': 0.2,
+                             'max_checkpoints_to_keep': 1})
+  workdir = str(tmp / 'run')
+  final = loop.train_and_evaluate(config, workdir)
+  return config, workdir, final
+
+
+def test_a_real_table_trains_as_it_comes(penguins_run):
+  _, workdir, final = penguins_run
+  test = pd.read_csv(os.path.join(PENGUINS, 'penguins_test.csv'))
+  # One test row has no body mass: left out of the evaluation.
+  assert final['num_examples'] == test['body_mass_g'].notna().sum() == 68
+  # Predicting the mean scores the target's spread (~800 g): far above.
+  assert final['rmse'] < 0.6 * test['body_mass_g'].std()
+
+
+def test_the_best_step_is_kept_beside_the_newest_and_used(penguins_run):
+  config, workdir, final = penguins_run
+  records = writers.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  val = {r['step']: r['val/loss'] for r in records if 'val/loss' in r}
+  best = min(val, key=val.get)
+  assert final['step'] == best and final['val_loss'] == val[best]
+  steps = sorted(int(s) for s in os.listdir(os.path.join(workdir,
+                                                         'checkpoints')))
+  # max_checkpoints_to_keep=1: the newest, and the best beside it.
+  assert steps == sorted({best, 300})
+  result = evaluate.evaluate(config, workdir)
+  assert result['step'] == best
+  assert result['rmse'] == pytest.approx(final['rmse'], rel=1e-6)
+
+
+def test_every_input_row_is_predicted(penguins_run, tmp_path):
+  config, workdir, _ = penguins_run
+  rows = pd.read_csv(os.path.join(PENGUINS, 'penguins_test.csv')).head(6)
+  rows.loc[1, 'bill_length_mm'] = np.nan  # a missing number
+  rows.loc[2, 'island'] = 'Atlantis'  # a category never seen
+  rows.loc[3, 'sex'] = None  # a missing category
+  rows.to_csv(tmp_path / 'in.csv', index=False)
+  summary = predict.predict(config, workdir, str(tmp_path / 'in.csv'),
+                            str(tmp_path / 'out.csv'), keep_columns=('year',))
+  out = pd.read_csv(tmp_path / 'out.csv')
+  assert summary['num_examples'] == len(out) == 6
+  assert out['body_mass_g_pred'].notna().all()
+  # The first row has no number at all (as it ships): still answered.
+  assert rows.iloc[0][['bill_length_mm', 'flipper_length_mm']].isna().all()
+
+
+def test_a_changed_training_file_is_named_and_nothing_is_set_aside(
+    tmp_path):
+  train = str(tmp_path / 'train.csv')
+  shutil.copy(os.path.join(PENGUINS, 'penguins_train.csv'), train)
+  config = _penguins(tmp_path, **{'dataset.train_path': train,
+                                  'num_train_steps': 100})
+  workdir = str(tmp_path / 'run')
+  loop.train_and_evaluate(config, workdir)
+  # The same path, other content (here: fewer rows, the same columns).
+  pd.read_csv(train).iloc[:200].to_csv(train, index=False)
+  config.num_train_steps = 200
+  before = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
+  with pytest.raises(UsageError, match=rf"training data '.*train\.csv' is "
+                     r'not what the checkpoint of step 100 .* was trained on'):
+    loop.train_and_evaluate(config, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
+  assert not os.path.exists(os.path.join(workdir, 'damaged_checkpoints'))
+
+
+def test_moved_training_data_resumes(penguins_run, tmp_path):
+  config, workdir, _ = penguins_run
+  copy = str(tmp_path / 'run')
+  shutil.copytree(workdir, copy)
+  moved = str(tmp_path / 'moved.csv')
+  shutil.copy(config.dataset.train_path, moved)
+  config = config.copy_and_resolve_references()
+  config.dataset.train_path = moved
+  config.num_train_steps = 350
+  loop.train_and_evaluate(config, copy)  # the same content: resumes
+  records = writers.read_jsonl(os.path.join(copy, 'metrics.jsonl'))
+  assert max(r['step'] for r in records) == 350
+
+
+def test_early_stopping_stops_and_a_rerun_trains_no_more(tmp_path):
+  # The learning rate is far too high: the validation loss is best early
+  # and never again, so two evaluations without improvement stop the run.
+  config = _penguins(tmp_path, **{'dataset.validation_fraction': 0.2,
+                                  'early_stopping_evals': 2,
+                                  'num_train_steps': 2000,
+                                  'optimizer.learning_rate': 0.05,
+                                  'optimizer.schedule': 'constant'})
+  workdir = str(tmp_path / 'run')
+  final = loop.train_and_evaluate(config, workdir)
+  records = writers.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  val_steps = [r['step'] for r in records if 'val/loss' in r]
+  assert val_steps[-1] < 2000  # stopped early
+  assert val_steps[-1] - final['step'] == 2 * 50  # two evaluations after
+  again = loop.train_and_evaluate(config, workdir)
+  assert again['step'] == final['step'] and again['rmse'] == final['rmse']
+  later = writers.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  assert max(r['step'] for r in later) == val_steps[-1]  # no more steps
+
+
+def test_two_targets_get_their_own_metrics(tmp_path):
+  rng = np.random.default_rng(0)
+  n = 120
+  frame = pd.DataFrame({'a': rng.normal(size=n),
+                        'kind': rng.choice(['u', 'v'], n)})
+  frame['small'] = 0.01 * frame['a']
+  frame['large'] = 1000.0 * frame['a'] + 500.0 * (frame['kind'] == 'u')
+  frame.iloc[:90].to_csv(tmp_path / 'train.csv', index=False)
+  frame.iloc[90:].to_csv(tmp_path / 'test.csv', index=False)
+  config = _config(tmp_path, str(tmp_path / 'train.csv'),
+                   str(tmp_path / 'test.csv'), targets=('small', 'large'))
+  workdir = str(tmp_path / 'run')
+  final = loop.train_and_evaluate(config, workdir)
+  small, large = final['targets']['small'], final['targets']['large']
+  # Each in its own units; the overall value averages them.
+  assert small['rmse'] < 0.01 < large['rmse']
+  assert final['rmse'] == pytest.approx((small['rmse'] + large['rmse']) / 2)
+  last = [r for r in writers.read_jsonl(os.path.join(workdir,
+                                                     'metrics.jsonl'))
+          if 'eval/rmse' in r][-1]
+  assert last['eval/rmse/small'] == small['rmse']
+  assert last['eval/r2/large'] == large['r2']
+
+
+def test_train_py_on_a_semicolon_file_with_text_and_dates(tmp_path):
+  rng = np.random.default_rng(1)
+  n = 80
+  days = pd.to_datetime('2021-01-01') + pd.to_timedelta(
+      rng.integers(0, 365, n), 'D')
+  frame = pd.DataFrame({
+      'ref': [f'r{i}' for i in range(n)],  # an id: left out, named once
+      'when': days.strftime('%Y-%m-%d'),
+      'colour': rng.choice(['red', 'blue', 'green'], n),
+      'w': rng.normal(size=n)})
+  frame['y'] = (frame['w'] + (frame['colour'] == 'red')
+                + days.month.to_numpy() / 12)
+  frame.to_csv(tmp_path / 'train.csv', sep=';', index=False)
+  frame.iloc[:20].to_csv(tmp_path / 'test.csv', sep=';', index=False)
+  proc = run_train(
+      '--config=configs/csv.py', f'--workdir={tmp_path}/run',
+      f'--config.dataset.data_dir={tmp_path}/data',
+      f'--config.dataset.train_path={tmp_path}/train.csv',
+      f'--config.dataset.eval_path={tmp_path}/test.csv',
+      "--config.dataset.target_columns=('y',)",
+      '--config.num_train_steps=200', '--config.eval_every_steps=100',
+      devices=2, check=0)
+  assert proc.stderr.count('left out of the features: ref (nearly one '
+                           'value per row') == 1
+  assert 'Downloading' not in proc.stdout + proc.stderr
+  done = [line for line in proc.stderr.splitlines() if 'Done: ' in line]
+  assert len(done) == 1 and 'eval rmse=' in done[0]
+  assert 'loss_curve.png' in done[0]
+  with open(tmp_path / 'run' / 'checkpoints' / '200' / 'meta' / 'metadata',
+            encoding='utf-8') as f:
+    plan = json.load(f)['column_plan']
+  kinds = {c['name']: c['kind'] for c in plan['features']}
+  assert kinds == {'ref': 'left_out', 'when': 'datetime',
+                   'colour': 'category', 'w': 'number'}
+
+
+def test_a_target_of_text_is_refused_with_exit_2(tmp_path):
+  frame = pd.DataFrame({'a': np.arange(30.0), 'y': ['x'] * 30})
+  frame.to_csv(tmp_path / 'train.csv', index=False)
+  config = _config(tmp_path, str(tmp_path / 'train.csv'),
+                   str(tmp_path / 'train.csv'), targets=('y',))
+  with pytest.raises(DataError, match="column 'y', data row 1 .*'x' is not a "
+                     'number'):
+    loop.train_and_evaluate(config, str(tmp_path / 'run'))

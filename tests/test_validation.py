@@ -1,0 +1,58 @@
+"""meshfit.validation and the held-out rows: the best step, when to stop."""
+
+import math
+
+import numpy as np
+import pytest
+
+from input_pipeline import tables
+from input_pipeline.errors import DataError
+from meshfit import data
+from meshfit.validation import BestTracker
+
+
+def test_the_best_is_the_lowest_and_patience_stops():
+  tracker = BestTracker(patience=2)
+  assert tracker.update(100, 0.5) and tracker.best_step == 100
+  assert not tracker.update(200, 0.6) and not tracker.stopped
+  assert tracker.update(300, 0.4)  # an improvement starts the count again
+  assert not tracker.update(400, 0.4)  # equal is no improvement
+  assert not tracker.update(500, 0.9)
+  assert tracker.stopped and tracker.best_step == 300
+
+
+def test_without_patience_training_never_stops():
+  tracker = BestTracker()
+  tracker.update(1, 1.0)
+  for step in range(2, 50):
+    tracker.update(step, 2.0)
+  assert not tracker.stopped
+
+
+def test_the_tracker_round_trips_through_a_checkpoint():
+  tracker = BestTracker(3)
+  tracker.update(10, 0.25)
+  tracker.update(20, 0.3)
+  again = BestTracker.from_json(tracker.to_json(), 3)
+  assert again == tracker
+  fresh = BestTracker.from_json(None, 3)
+  assert fresh.best_step == 0 and math.isinf(fresh.best_loss)
+  assert BestTracker.from_json(fresh.to_json(), 3) == fresh
+
+
+def test_held_out_rows_are_seeded_and_disjoint():
+  n = 50
+  table = tables.Table(np.arange(n, dtype=np.float32)[:, None],
+                       np.zeros((n, 1), np.float32),
+                       tables.generated_plan(1, 1))
+  rest, held = data.hold_out(table, 0.2, seed=3)
+  assert held.num_examples == 10 and rest.num_examples == 40
+  rows = np.concatenate([rest.x_NxF[:, 0], held.x_NxF[:, 0]])
+  assert sorted(rows) == list(range(n))
+  assert list(held.x_NxF[:, 0]) == sorted(held.x_NxF[:, 0])  # file order
+  again, _ = data.hold_out(table, 0.2, seed=3)
+  np.testing.assert_array_equal(again.x_NxF, rest.x_NxF)
+  other, _ = data.hold_out(table, 0.2, seed=4)
+  assert not np.array_equal(other.x_NxF, rest.x_NxF)
+  with pytest.raises(DataError, match='too few to hold out'):
+    data.hold_out(table.rows(np.arange(2)), 0.2, seed=0)
