@@ -347,8 +347,10 @@ def fit_references(train: pd.DataFrame, test: pd.DataFrame,
             for c in texts if x[c].nunique() <= MAX_NATIVE_LEVELS}
   frames = {}
   for name, frame in (('train', x), ('test', x_test)):
-    frames[name] = frame.drop(columns=[c for c in texts if c not in native])
-    frames[name] = frames[name].astype(native)
+    frame = frame.drop(columns=[c for c in texts if c not in native])
+    frames[name] = frame.assign(**{
+        c: frame[c].where(frame[c].isin(t.categories)).astype(t)
+        for c, t in native.items()})
   results = {}
   for name, model in models.items():
     start = time.time()
@@ -485,7 +487,7 @@ def refs_check(results: dict[str, dict]) -> list[str]:
         if not published or m not in split or 'from' in split[m]:
           continue
         change = split[m]['rmse'] / published[m] - 1
-        if abs(change) > abs(worst.get(m, (0,))[0]):
+        if m not in worst or abs(change) > abs(worst[m][0]):
           worst[m] = (change, name, seed)
         if abs(change) > REFS_TOLERANCE:
           far.append(f'  {name} split {seed} {MODEL_NAMES[m]}: '
