@@ -1,8 +1,13 @@
-"""The speed benchmark's cheapest section runs and reports what meshfit uses."""
+"""The benchmarks' cheapest sections run and report what they measure."""
 
+import json
 import os
 import subprocess
 import sys
+
+import numpy as np
+import pandas as pd
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,3 +45,63 @@ def test_matmul_isa_section_measures_both_instructions_or_says_why_not():
   for row in rows:
     assert float(row[2]) > 0 and float(row[3]) > 0
     assert row[4].endswith('x')
+
+
+def _tables_data_dir(root) -> str:
+  """A --data_dir in the shared tables' layout: 'line' (two numbers, 60
+  training and 20 test rows) and 'twice' (a header naming a column twice,
+  which meshfit refuses with exit 2)."""
+  rng = np.random.default_rng(0)
+  a, b = rng.normal(size=(2, 80))
+  line = pd.DataFrame({'a': a, 'b': b,
+                       'y': 3 * a - 2 * b + 0.1 * rng.normal(size=80)})
+  refs = {'ridge': 0.5, 'sklearn_mlp': 1.0, 'histgbr': 2.0}
+  for name in ('line', 'twice'):
+    os.makedirs(root / name / '0')
+  line[:60].to_csv(root / 'line' / '0' / 'train.csv', index=False)
+  line[60:].to_csv(root / 'line' / '0' / 'test.csv', index=False)
+  for kind, n in (('train', 60), ('test', 20)):
+    (root / 'twice' / '0' / f'{kind}.csv').write_text(
+        'a,a,y\n' + ''.join(f'{i},{i},{i}\n' for i in range(n)))
+  (root / 'refs.json').write_text(json.dumps(
+      {name: {'target': 'y', 'splits': {'0': refs}}
+       for name in ('line', 'twice')}))
+  return str(root)
+
+
+def test_tables_benchmark_reports_meshfit_beside_refs_and_refusals(tmp_path):
+  # --skip_refs never imports scikit-learn, which this venv lacks.
+  data_dir = _tables_data_dir(tmp_path / 'tables')
+  output = tmp_path / 'results.json'
+  env = dict(os.environ, NO_GCE_CHECK='true')
+  env.pop('XLA_FLAGS', None)  # meshfit runs on the process's devices
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'benchmarks', 'tables.py'),
+       f'--data_dir={data_dir}', '--splits=0', '--skip_refs',
+       '--meshfit_args=--config.num_train_steps=2000', f'--output={output}'],
+      capture_output=True, text=True, env=env, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
+          for line in result.stdout.splitlines() if line.startswith('| ')}
+
+  # table, rows, meshfit RMSE, ridge, MLP, HistGBR, 3 ratios, time.
+  line = rows['line']
+  assert line[0] == '60' and line[2:5] == ['0.5000', '1.000', '2.000']
+  rmse = float(line[1])
+  assert 0 < rmse < 0.5 * 3.6  # well under the test target's spread
+  assert [float(r) for r in line[5:8]] == pytest.approx(
+      [rmse / 0.5, rmse / 1.0, rmse / 2.0], abs=0.006)
+  assert rows['twice'][1].startswith('exit 2: ')
+  assert "column 'a' twice" in rows['twice'][1]
+  assert rows['twice'][5:8] == ['–', '–', '–']
+  assert rows['geometric mean (1 of 2 tables)'][5:8] == line[5:8]
+
+  saved = json.loads(output.read_text())
+  run = saved['tables']['line']['splits']['0']['meshfit']
+  assert run['step'] == 2000  # --meshfit_args reached train.py
+  assert f'{run["rmse"]:.4f}' == line[1]
+  assert run['seconds'] > 0 and run['cpu_seconds'] > 0
+  failed = saved['tables']['twice']['splits']['0']['meshfit']
+  assert failed['returncode'] == 2 and failed['error'].startswith('error: ')
+  assert saved['meshfit_args'] == ['--config.num_train_steps=2000']
+  assert saved['commit']
