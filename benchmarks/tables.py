@@ -263,8 +263,8 @@ def run_meshfit(command: list[str], run_dir: str, timeout: float) -> dict:
   with open(log_path, encoding='utf-8', errors='replace') as f:
     lines = [line.strip() for line in f if line.strip()]
   errors = [line for line in lines if line.startswith('error:')]
-  left_out = [line.split('(text or unnamed):', 1)[1].strip()
-              for line in lines if 'left out of the features' in line]
+  left_out = [line.split('left out of the features:', 1)[1].split(';')[0]
+              .strip() for line in lines if 'left out of the features' in line]
   result = {'returncode': returncode, 'rmse': None, 'step': None,
             'error': errors[-1] if errors else (lines[-1] if lines else ''),
             'left_out': left_out[-1] if left_out else '',
@@ -275,15 +275,19 @@ def run_meshfit(command: list[str], run_dir: str, timeout: float) -> dict:
   if returncode is None:
     result['error'] = f'timed out after {timeout:.0f} s'
     return result
-  metrics = os.path.join(run_dir, 'workdir', 'metrics.jsonl')
-  if returncode == 0 and os.path.exists(metrics):
-    with open(metrics, encoding='utf-8') as f:
-      evals = [r for r in map(json.loads, f) if 'eval/rmse' in r]
-    if evals:
-      last = max(evals, key=lambda r: r['step'])
-      result.update(rmse=last['eval/rmse'], step=last['step'], error='')
+  if returncode == 0:
+    # The model a user gets: what --mode=eval (and predict) use, the best
+    # step by validation when the run validated.
+    evaluated = subprocess.run(
+        [sys.executable, 'train.py', '--mode=eval',
+         f'--workdir={os.path.join(run_dir, "workdir")}',
+         '--config.plots=False'], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=timeout, check=False)
+    if evaluated.returncode == 0:
+      scores = json.loads(evaluated.stdout[evaluated.stdout.index('{'):])
+      result.update(rmse=scores['rmse'], step=scores['step'], error='')
     else:
-      result['error'] = 'no eval/rmse in metrics.jsonl'
+      result['error'] = f'--mode=eval failed: {evaluated.stderr[-300:]}'
   return result
 
 
