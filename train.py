@@ -71,10 +71,15 @@ flags.DEFINE_string('input', None, '--mode=predict: CSV or Parquet file with '
                     'the feature columns (by name; others are ignored).')
 flags.DEFINE_string('output', None, '--mode=predict: CSV or Parquet file to '
                     'write: the input rows in order, one <target>_pred column '
-                    'per target. --mode=export: a new or empty directory for '
+                    'per target (and <target>_std for a gaussian model). '
+                    '--mode=export: a new or empty directory for '
                     'the SavedModel, the jax.export artifact and model.json.')
 flags.DEFINE_list('keep_columns', [], '--mode=predict: input columns copied '
                   'into the output, e.g. --keep_columns=id,date.')
+flags.DEFINE_float('interval', None, '--mode=predict, a model trained with '
+                   'model.likelihood=gaussian: also write the central '
+                   'interval of this probability, e.g. 0.9, as '
+                   '<target>_lower and <target>_upper.')
 flags.DEFINE_bool('library_logs', False, "Show Orbax's INFO logs (its "
                   'warnings and errors always show).')
 # Multi-host (README.md "Multi-host"): automatic on Cloud TPU VMs; elsewhere
@@ -109,7 +114,7 @@ def _parse_flags(argv: list[str]) -> list[str]:
 
 def _predict_flags_error() -> str | None:
   """What is wrong with --input/--output/--keep_columns for this mode."""
-  only_predict = [f'--{n}' for n in ('input', 'keep_columns')
+  only_predict = [f'--{n}' for n in ('input', 'keep_columns', 'interval')
                   if FLAGS[n].present]
   if FLAGS.mode != 'predict' and only_predict:
     fix = 'drop them' if FLAGS.mode == 'export' else ('add --mode=predict or '
@@ -130,6 +135,9 @@ def _predict_flags_error() -> str | None:
   if missing:
     return (f'--mode=predict needs {" and ".join(missing)}, e.g. '
             '--input=new_rows.csv --output=predictions.csv')
+  if FLAGS.interval is not None and not 0 < FLAGS.interval < 1:
+    return (f'--interval={FLAGS.interval:g} is not a probability strictly '
+            'between 0 and 1; use e.g. --interval=0.9')
   return None
 
 
@@ -208,7 +216,8 @@ def _run() -> None:
                                FLAGS.step)
       else:
         result = predict.predict(config, FLAGS.workdir, FLAGS.input,
-                                 FLAGS.output, FLAGS.step, FLAGS.keep_columns)
+                                 FLAGS.output, FLAGS.step, FLAGS.keep_columns,
+                                 FLAGS.interval)
       print(json.dumps(result, indent=2))
   except (UsageError, DataError) as e:
     _fail(str(e))

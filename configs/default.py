@@ -75,9 +75,20 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.numeric_embedding = 'none'
   config.model.ple_bins = 16
   config.model.numeric_embedding_dim = 16
-  # Width of each category's learned embedding (at most its number of
-  # values, unknown and missing included).
+  # Width of the categories' learned embeddings.
   config.model.category_embedding_dim = 8
+  # Models trained as one program (vmapped over a member axis), each with
+  # its own initialisation and data order from (seed, member); predictions
+  # combine them. 1: a single model.
+  config.model.ensemble_size = 1
+  # squared_error (each member predicts a value), or gaussian (a mean and a
+  # variance, trained on the Gaussian negative log-likelihood; the ensemble
+  # is their mixture, and predict can write a std and intervals).
+  config.model.likelihood = 'squared_error'
+  # gaussian only: beta of beta-NLL (Seitzer et al. 2022): each example's
+  # NLL is weighted by its predicted variance ** beta (no gradient through
+  # the weight), so that the mean is not left underfit; 0 is plain NLL.
+  config.model.nll_beta = 0.0
 
   config.optimizer = ml_collections.ConfigDict()
   # sgd, adam or adamw.
@@ -126,8 +137,23 @@ def get_config() -> ml_collections.ConfigDict:
   # improved on the best (0: train every step).
   config.early_stopping_evals = 0
 
+  # Per-member hyperparameters (a sweep in one program): each non-empty grid
+  # replaces its config value, and member m takes grid point m % G of the G
+  # combinations (model.ensemble_size must be a multiple of G). Every member
+  # is scored on the validation rows, and `select` decides the model:
+  # best (the best member), greedy (the ensemble of the best few: Caruana
+  # et al. 2004's selection with replacement) or all (every member alike).
+  config.sweep = ml_collections.ConfigDict()
+  config.sweep.learning_rates = ()
+  config.sweep.weight_decays = ()
+  config.sweep.dropout_rates = ()
+  config.sweep.select = 'all'
+
   config.mesh = ml_collections.ConfigDict()
-  # Device mesh shape (data x model); -1 means "all remaining devices".
+  # Device mesh shape (members x data x model); -1 means "all remaining
+  # devices" (data or model). Members spread over `members` devices (a
+  # divisor of model.ensemble_size) with no collectives between them.
+  config.mesh.members = 1
   config.mesh.data = -1
   config.mesh.model = 1
 

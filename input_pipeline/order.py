@@ -2,7 +2,8 @@
 
 Training examples form one endless stream: epoch e is the permutation of the
 table drawn from (seed, e), and the global batch at step s is stream entries
-[s * B, (s + 1) * B). A batch therefore holds the same examples whatever the
+[s * B, (s + 1) * B). Each member of an ensemble reads its own stream, drawn
+from (seed, member, e); member 0's is the stream of a single model. A batch therefore holds the same examples whatever the
 number of processes and devices, and the whole input position is a single
 integer (stream entries consumed), saved in every checkpoint.
 
@@ -18,24 +19,33 @@ from typing import Any
 import numpy as np
 
 
-def epoch_permutation(seed: int, epoch: int, num_examples: int) -> np.ndarray:
+# Member m's epochs are drawn from Philox keys [seed, epoch + m * this]: far
+# apart, so no member ever reads another's epoch.
+_MEMBER_STRIDE = 1 << 40
+
+
+def epoch_permutation(seed: int, epoch: int, num_examples: int,
+                      member: int = 0) -> np.ndarray:
   """The example order of one epoch; depends on nothing but its arguments."""
-  rng = np.random.Generator(np.random.Philox(key=[seed, epoch]))
+  rng = np.random.Generator(np.random.Philox(
+      key=[seed, epoch + member * _MEMBER_STRIDE]))
   return rng.permutation(num_examples)
 
 
 class ExampleOrder:
   """Which table rows the batches at a stream position hold."""
 
-  def __init__(self, num_examples: int, batch_size: int, seed: int):
+  def __init__(self, num_examples: int, batch_size: int, seed: int,
+               member: int = 0):
     """Args:
       num_examples: rows of the training table.
       batch_size: global batch size.
       seed: seeds the order of every epoch.
+      member: whose stream (an ensemble's member).
     """
     self.num_examples = num_examples
     self.batch_size = batch_size
-    self._seed = seed
+    self._seed, self._member = seed, member
     self._perms: dict[int, np.ndarray] = {}
 
   def rows(self, position: int, num_batches: int,
@@ -70,7 +80,7 @@ class ExampleOrder:
       # Keep only the epochs a batch can still reach.
       self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}
       self._perms[epoch] = epoch_permutation(
-          self._seed, epoch, self.num_examples).astype(np.int32)
+          self._seed, epoch, self.num_examples, self._member).astype(np.int32)
     return self._perms[epoch]
 
 

@@ -104,7 +104,8 @@ class LoopCheckpoints:
   def save_periodic(self, step: int, state: state_lib.TrainState) -> None:
     """A checkpoint of `state` (the last call's result) at `step`."""
     self._last = time.monotonic()
-    self._write_best()
+    if self._write_best() == step:
+      return  # the best is this step's state, saved already
     if self._saver is None:
       self.save_now(step, state)
       return

@@ -24,6 +24,8 @@ OPTIMIZERS = ('sgd', 'adam', 'adamw')
 SCHEDULES = ('constant', 'warmup_cosine')
 NUMERIC_SCALINGS = ('standardize', 'quantile')
 NUMERIC_EMBEDDINGS = ('none', 'ple')
+LIKELIHOODS = ('squared_error', 'gaussian')
+SELECTIONS = ('all', 'best', 'greedy')
 KNOWN_DATASETS = tables.GENERATED_DATASETS + (csv_regression.NAME,)
 
 
@@ -60,8 +62,19 @@ class OptimizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SweepConfig:
+  """config.sweep: per-member hyperparameters and how members are chosen."""
+  learning_rates: tuple[float, ...]
+  weight_decays: tuple[float, ...]
+  dropout_rates: tuple[float, ...]
+  select: str
+
+
+@dataclasses.dataclass(frozen=True)
 class MeshConfig:
-  """config.mesh: the (data, model) device mesh; -1 takes what is left."""
+  """config.mesh: the (members, data, model) device mesh; -1 takes what is
+  left (data or model)."""
+  members: int
   data: int
   model: int
 
@@ -83,6 +96,7 @@ class Config:
   checkpoint_every_seconds: float
   max_checkpoints_to_keep: int
   early_stopping_evals: int
+  sweep: SweepConfig
   mesh: MeshConfig
   compilation_cache_dir: str
   plots: bool
@@ -95,10 +109,13 @@ class Config:
 
 
 _SECTIONS = {'dataset': DatasetConfig, 'model': MlpConfig,
-             'optimizer': OptimizerConfig, 'mesh': MeshConfig}
+             'optimizer': OptimizerConfig, 'sweep': SweepConfig,
+             'mesh': MeshConfig}
 # Sequences arrive as lists from JSON; the config holds tuples.
 _TUPLES = ('dataset.target_columns', 'dataset.feature_columns',
-           'dataset.categorical_columns', 'model.hidden_sizes')
+           'dataset.categorical_columns', 'model.hidden_sizes',
+           'sweep.learning_rates', 'sweep.weight_decays',
+           'sweep.dropout_rates')
 
 
 def _build(cls, raw: Mapping[str, Any], prefix: str = ''):
@@ -149,6 +166,7 @@ def parse(raw: Mapping[str, Any] | Config) -> Config:
   _check_dataset(config.dataset)
   _check_model(config.model)
   _check_optimizer(config.optimizer)
+  _check_sweep(config)
   return config
 
 
@@ -277,10 +295,54 @@ def _check_model(model: MlpConfig) -> None:
   _require(model.numeric_embedding in NUMERIC_EMBEDDINGS,
            f'model.numeric_embedding {model.numeric_embedding!r} is unknown; '
            f'use one of {", ".join(NUMERIC_EMBEDDINGS)}')
-  for key in ('ple_bins', 'numeric_embedding_dim', 'category_embedding_dim'):
+  for key in ('ple_bins', 'numeric_embedding_dim', 'category_embedding_dim',
+              'ensemble_size'):
     value = getattr(model, key)
     _require(_is_int(value) and value > 0,
              f'model.{key}={value!r} must be a positive integer')
+  _require(model.likelihood in LIKELIHOODS,
+           f'model.likelihood {model.likelihood!r} is unknown; use one of '
+           f'{", ".join(LIKELIHOODS)}')
+  _require(_is_number(model.nll_beta) and 0 <= model.nll_beta <= 1,
+           f'model.nll_beta={model.nll_beta!r} must be in [0, 1]')
+
+
+def grid_size(sweep: SweepConfig) -> int:
+  """The number of hyperparameter combinations of a sweep (1: none)."""
+  size = 1
+  for values in (sweep.learning_rates, sweep.weight_decays,
+                 sweep.dropout_rates):
+    size *= max(len(values), 1)
+  return size
+
+
+def _check_sweep(config: Config) -> None:
+  sweep = config.sweep
+  for key, low, high in (('learning_rates', 0, math.inf),
+                         ('weight_decays', 0, math.inf),
+                         ('dropout_rates', 0, 1)):
+    values = getattr(sweep, key)
+    _require(isinstance(values, tuple)
+             and all(_is_number(v) and low <= v < high for v in values)
+             and (key != 'learning_rates' or all(v > 0 for v in values)),
+             f'sweep.{key}={values!r} must be a tuple of numbers in '
+             f'{"(" if key == "learning_rates" else "["}{low}, {high}), '
+             f"e.g. --config.sweep.{key}='(0.001, 0.003)'")
+  _require(sweep.select in SELECTIONS, f'sweep.select {sweep.select!r} is '
+           f'unknown; use one of {", ".join(SELECTIONS)}')
+  size = grid_size(sweep)
+  members = config.model.ensemble_size
+  _require(members % size == 0,
+           f'model.ensemble_size={members} is not a multiple of the sweep\'s '
+           f'{size} combinations; use a multiple of {size} (members take the '
+           'combinations in turn)')
+  _require(sweep.select == 'all' or config.dataset.validation_fraction > 0,
+           f"sweep.select='{sweep.select}' chooses members on validation "
+           'rows; set dataset.validation_fraction (e.g. 0.2), or select=all')
+  _require(_is_int(config.mesh.members) and config.mesh.members > 0
+           and members % config.mesh.members == 0,
+           f'mesh.members={config.mesh.members!r} must divide '
+           f'model.ensemble_size={members}')
 
 
 def _check_optimizer(opt: OptimizerConfig) -> None:
@@ -319,7 +381,7 @@ def check_devices(config: Config, num_devices: int,
     UsageError: the first problem found.
   """
   data, model = sharding.mesh_shape(config.mesh.data, config.mesh.model,
-                                    num_devices)
+                                    num_devices, config.mesh.members)
   if devices_per_process is not None and devices_per_process < num_devices:
     sharding.check_model_within_process(model, devices_per_process)
   for key in ('batch_size', 'eval_batch_size'):

@@ -19,8 +19,8 @@ from meshfit.files import atomic_write
 # Keys that --mode=eval and --mode=predict may take from the command line:
 # they change how a saved model is evaluated, not what it is.
 EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
-             'dataset.eval_path', 'dataset.prefetch_batches', 'mesh.data',
-             'mesh.model', 'compilation_cache_dir', 'plots')
+             'dataset.eval_path', 'dataset.prefetch_batches', 'mesh.members',
+             'mesh.data', 'mesh.model', 'compilation_cache_dir', 'plots')
 
 # Keys a resumed run may change: they decide how long and how observably it
 # runs and where, not what the checkpointed state means. (num_train_steps
@@ -150,13 +150,13 @@ def fit_saved_mesh(config: ml_collections.ConfigDict, num_devices: int,
   """
   try:
     _, model = sharding.mesh_shape(config.mesh.data, config.mesh.model,
-                                   num_devices)
+                                   num_devices, config.mesh.members)
     if devices_per_process is not None and devices_per_process < num_devices:
       sharding.check_model_within_process(model, devices_per_process)
     return config
   except UsageError:
     fitted = ml_collections.ConfigDict(config.to_dict())
-    fitted.mesh.data, fitted.mesh.model = -1, 1
+    fitted.mesh.members, fitted.mesh.data, fitted.mesh.model = 1, -1, 1
     return fitted
 
 

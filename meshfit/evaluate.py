@@ -8,7 +8,7 @@ import ml_collections
 import numpy as np
 
 from meshfit import (checkpointing, compilation_cache, config as config_lib,
-                     data, plots, runtime)
+                     data, optim, plots, runtime)
 from meshfit.config import Config
 from meshfit.files import atomic_write
 
@@ -18,7 +18,8 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   """Evaluates a saved checkpoint on the eval split.
 
   Writes eval/step_N.json and eval/step_N_predictions.png (predicted against
-  actual, and residuals).
+  actual, and residuals); for a model that predicts a distribution, also
+  eval/step_N_calibration.png (observed against nominal coverage).
 
   Args:
     config: the run's saved config (evaluation keys may be overridden).
@@ -29,7 +30,10 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   Returns:
     {"step", "split", "num_examples", "mse", "rmse", "mae", "r2",
     "targets": {name: {"mse", "rmse", "mae", "r2"}}}: overall values average
-    the targets', each target's are in its own units.
+    the targets', each target's are in its own units. A gaussian model adds
+    "nll" (per example, original units), "coverage_50", "coverage_90",
+    "coverage_95" and "coverage" (every level); an ensemble of several
+    members "members" (the weight and hyperparameters of those used).
   """
   config = config_lib.parse(config)
   config_lib.check_devices(config, jax.device_count())
@@ -45,10 +49,10 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   finally:
     ckpt.close()
   scores = runtime.evaluate_table(setup, state, table, config.eval_batch_size)
-  result = {'step': step, 'split': config.dataset.eval_split,
-            'num_examples': scores['num_examples'],
-            **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')},
-            'targets': scores['targets']}
+  result = {'step': step, 'split': config.dataset.eval_split, **scores}
+  if state.num_members > 1:
+    result['members'] = runtime.members_summary(
+        state, optim.Hyperparameters.of(config))
   if jax.process_index() == 0:
     os.makedirs(os.path.join(workdir, 'eval'), exist_ok=True)
     with atomic_write(os.path.join(workdir, 'eval', f'step_{step}.json')) as f:
@@ -57,7 +61,16 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   if config.plots:
     # Every process takes part in the predictions; process 0 draws them.
     pred_NxT = runtime.predict_table(setup, state, table.x_NxF,
-                                     config.eval_batch_size)
+                                     config.eval_batch_size)['pred']
+    if jax.process_index() == 0 and setup.distribution:
+      levels = [float(level) for level in scores['coverage']]
+      plots.write_calibration_figure(
+          os.path.join(workdir, 'eval', f'step_{step}_calibration.png'),
+          levels, np.array([[scores['targets'][t]['coverage'][str(level)]
+                             for t in table.target_names]
+                            for level in levels]), table.target_names,
+          title=f'{os.path.basename(os.path.abspath(workdir))}: step {step}, '
+                f'interval coverage on {config.dataset.eval_split!r}')
     if jax.process_index() == 0:
       plots.write_predictions_figure(
           os.path.join(workdir, 'eval', f'step_{step}_predictions.png'),

@@ -57,7 +57,7 @@ SAVED_MODEL_DIR = 'saved_model'
 MODEL_CARD_FILE = 'model.json'
 SIGNATURE = export_tf.SIGNATURE
 # Bumped when model.json or the artifacts' calling convention changes.
-FORMAT = 'meshfit.export/2'
+FORMAT = 'meshfit.export/3'
 # Lowered for every platform a server is likely to run on, not only the one
 # exporting: a CPU-exported model then also serves on a GPU or a TPU (the
 # artifact picks the platform it runs on).
@@ -100,9 +100,11 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
   check_output_dir(output_dir)  # before anything slow
   step, plan, setup, state = _restore_on_one_device(config, workdir, step)
   scores, missing = eval_metrics(config, workdir, step, setup, state, plan)
-  forward = forward_fn(setup.graphdef, setup.arch.layout, state)
+  forward = forward_fn(setup.graphdef, setup.arch.layout, state,
+                       setup.distribution)
   input_names = export_tf.signature_names(plan.feature_names)
-  output_names = tuple(predict.prediction_columns(plan.targets))
+  output_names = tuple(predict.prediction_columns(
+      plan.targets, ('pred', 'std') if setup.distribution else ('pred',)))
   tmp = _temporary_dir(output_dir)
   try:
     probe = probe_frame(plan, setup.arch.layout,
@@ -158,19 +160,26 @@ def check_output_dir(path: str) -> None:
 
 
 def forward_fn(graphdef: nnx.GraphDef, layout: InputLayout,
-               state: state_lib.TrainState
+               state: state_lib.TrainState, distribution: bool = False
                ) -> Callable[[jax.Array], jax.Array]:
-  """`x_BxI -> pred_BxT` in original units, the state's arrays as constants.
+  """`x_BxI -> pred_BxT` in original units, the state's arrays as constants;
+  with `distribution`, `x_BxI -> out_Bx2T`, each target's prediction then
+  its std (the order of `predict.prediction_columns`).
 
   x_BxI is the column plan's input matrix (numbers with NaN where missing,
   category codes, a date's parts). The arrays are copied to the host, so
   that tracing the function embeds them in the program as constants,
-  whatever device they were on.
+  whatever device they were on. An ensemble is exported whole: its members
+  and their weights.
   """
   host = jax.device_get(state)
 
   def forward(x_BxI: jax.Array) -> jax.Array:
-    return steps.predict(graphdef, layout, host, x_BxI)
+    pred_BxT, std_BxT = steps.predict(graphdef, layout, host, x_BxI)
+    if not distribution:
+      return pred_BxT
+    return jnp.stack([pred_BxT, std_BxT], axis=-1).reshape(
+        pred_BxT.shape[0], -1)
   return forward
 
 
@@ -329,10 +338,7 @@ def eval_metrics(config: Config, workdir: str, step: int,
     return None, reason
   scores = runtime.evaluate_table(setup, state, table, config.eval_batch_size)
   return {'source': 'computed by --mode=export (not written to the workdir)',
-          'step': step, 'split': config.dataset.eval_split,
-          'num_examples': scores['num_examples'],
-          **{k: scores[k] for k in ('mse', 'rmse', 'mae', 'r2')},
-          'targets': scores['targets']}, None
+          'step': step, 'split': config.dataset.eval_split, **scores}, None
 
 
 def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,
@@ -355,14 +361,19 @@ def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,
     if column.kind in ('number', 'boolean'):
       entry['units'] = units
     return entry
+
+  def target(name: str) -> dict:
+    pred, std = (predict.prediction_columns([name], (o,))[0]
+                 for o in ('pred', 'std'))
+    return {'name': name, 'signature_output': pred,
+            **({'signature_std_output': std} if std in output_names else {}),
+            'kind': 'number', 'dtype': 'float32', 'units': units}
   return {
       'format': FORMAT,
       'features': [feature(c, n) for c, n in zip(plan.used, input_names)],
       'left_out': [{'name': c.name, 'reason': c.reason}
                    for c in plan.left_out],
-      'targets': [{'name': name, 'signature_output': output_names[i],
-                   'kind': 'number', 'dtype': 'float32', 'units': units}
-                  for i, name in enumerate(plan.targets)],
+      'targets': [target(name) for name in plan.targets],
       'jax_export': {
           'file': JAX_EXPORT_FILE,
           'input': (f'float32[b, {len(plan.input_names)}]: the columns of '
@@ -371,8 +382,9 @@ def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,
                     'missing, 2 + its index in "vocabulary"), a date as its '
                     'parts; filling and scaling are inside'),
           'inputs': list(plan.input_names),
-          'output': (f'float32[b, {len(plan.targets)}]: the predictions, '
-                     'columns in the order of "targets"'),
+          'output': (f'float32[b, {len(output_names)}]: the columns of '
+                     '"outputs"'),
+          'outputs': list(output_names),
           'platforms': list(PLATFORMS)},
       'saved_model': {
           'directory': SAVED_MODEL_DIR, 'signature': SIGNATURE,
@@ -380,8 +392,10 @@ def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,
                      '"signature_input": float32 numbers (NaN missing), '
                      'booleans as 1/0, categories as text (empty missing), '
                      'dates as ISO-8601 text (UTC)'),
-          'outputs': ('one float32 [b] tensor per target, named by its '
-                      '"signature_output"')},
+          'outputs': ('one float32 [b] tensor per name of '
+                      '"jax_export.outputs": each target\'s prediction '
+                      '("signature_output") and, for a gaussian model, its '
+                      'std')},
       'check': {'probe_rows': 4, 'max_relative_difference': check},
       'step': step,
       'workdir': os.path.abspath(workdir),

@@ -27,23 +27,33 @@ from meshfit import sharding
 Chunk = dict[str, jax.Array | np.ndarray]
 
 
-def process_rows(batch_sharding: NamedSharding, global_rows: int) -> slice:
-  """The contiguous block of batch rows that this process's devices hold.
+def process_block(sharding_: NamedSharding,
+                  shape: tuple[int, ...]) -> tuple[slice, ...]:
+  """The contiguous block of an array of `shape` that this process's
+  devices hold under `sharding_`, one slice per dimension.
 
   Raises:
-    ValueError: the sharding gives this process a non-contiguous set of rows
-      (a mesh whose 'data' axis interleaves processes).
+    ValueError: the sharding gives this process a non-contiguous set of
+      entries along some dimension (a mesh whose axes interleave processes).
   """
-  index_map = batch_sharding.addressable_devices_indices_map((global_rows,))
-  rows = set()
-  for index in index_map.values():
-    rows.update(range(*index[0].indices(global_rows)))
-  start, stop = min(rows), max(rows) + 1
-  if len(rows) != stop - start:
-    raise ValueError('this process holds non-contiguous batch rows; build '
-                     'the mesh so that each process owns a block of the '
-                     "'data' axis")
-  return slice(start, stop)
+  index_map = sharding_.addressable_devices_indices_map(shape)
+  block = []
+  for dim, size in enumerate(shape):
+    held = set()
+    for index in index_map.values():
+      held.update(range(*index[dim].indices(size)))
+    start, stop = min(held), max(held) + 1
+    if len(held) != stop - start:
+      raise ValueError('this process holds non-contiguous batch entries; '
+                       'build the mesh so that each process owns a block of '
+                       "the 'members' and 'data' axes")
+    block.append(slice(start, stop))
+  return tuple(block)
+
+
+def process_rows(batch_sharding: NamedSharding, global_rows: int) -> slice:
+  """The contiguous block of batch rows that this process's devices hold."""
+  return process_block(batch_sharding, (global_rows,))[0]
 
 
 def fits_on_device(x_NxF: np.ndarray, y_NxT: np.ndarray,
@@ -55,31 +65,34 @@ def fits_on_device(x_NxF: np.ndarray, y_NxT: np.ndarray,
 class TrainFeed:
   """Deterministic chunks of training batches, one chunk per jitted call.
 
-  Each chunk holds the next `num_steps` (at most `steps_per_call`) global
-  batches of the stream, padded to `steps_per_call`, in one of two forms:
+  Each chunk holds the next `num_steps` (at most `steps_per_call`) steps'
+  batches, one global batch per member from that member's own stream,
+  padded to `steps_per_call`, in one of two forms:
 
-  - resident (`device_table()` was uploaded): `{'idx': idx_KxB}`, the table
-    rows of each batch; the jitted call gathers them from the table on
-    device, so a call moves K x B int32 to the devices instead of K x B rows.
-  - streamed: `{'x': x_KxBxF, 'y': y_KxBxT}`, the rows themselves, for
+  - resident (`device_table()` was uploaded): `{'idx': idx_KxMxB}`, the
+    table rows of each batch; the jitted call gathers them from the table on
+    device, so a call moves K x M x B int32 to the devices, not the rows.
+  - streamed: `{'x': x_KxMxBxF, 'y': y_KxMxBxT}`, the rows themselves, for
     tables too large to hold on every device.
 
-  Arrays are global, sharded as `chunk_sharding` (over 'data' along the
-  batch dimension), except that the indices of a single process are numpy
-  arrays, for a jitted call with that in_sharding to place. `position` is the
-  number of stream entries in the chunks handed out so far (prefetched ones
-  do not count).
+  Arrays are global, sharded as `chunk_sharding` (over 'members' and
+  'data'), except that the indices of a single process are numpy arrays,
+  for a jitted call with that in_sharding to place. `position` is the number
+  of stream entries (of each member's stream) in the chunks handed out so
+  far (prefetched ones do not count).
   """
 
   def __init__(self, x_NxF: np.ndarray, y_NxT: np.ndarray, *,
                batch_size: int, seed: int, mesh: Mesh, steps_per_call: int,
-               resident: bool, position: int = 0, prefetch: int = 2):
+               resident: bool, position: int = 0, prefetch: int = 2,
+               members: int = 1):
     """Args:
       x_NxF: the training features.
       y_NxT: the training targets.
-      batch_size: global batch size.
+      batch_size: global batch size (of each member).
       seed: seeds the order of every epoch.
-      mesh: the device mesh; batches are split over its 'data' axis.
+      mesh: the device mesh; batches are split over its 'members' and
+        'data' axes.
       steps_per_call: the most steps of a call (the chunks' padded length).
       resident: gather batches on device from `device_table()`; else stream
         the rows from the host.
@@ -88,12 +101,16 @@ class TrainFeed:
         when asked). A resident table's chunks are made when asked: they are
         only indices, and handing them between threads costs more than
         making them, while the devices run the previous call anyway.
+      members: M, the ensemble's members, each reading its own stream.
     """
     self._x, self._y = x_NxF, y_NxT
-    self._order = ExampleOrder(x_NxF.shape[0], batch_size, seed)
+    self._members, self._rows = process_block(
+        sharding.member_batch_sharding(mesh), (members, batch_size))
+    self._orders = [ExampleOrder(x_NxF.shape[0], batch_size, seed, m)
+                    for m in range(self._members.start, self._members.stop)]
+    self._batch_size, self._num_members = batch_size, members
     self._k = steps_per_call
     self.resident = resident
-    self._rows = process_rows(sharding.batch_sharding(mesh), batch_size)
     self.chunk_sharding = sharding.chunk_sharding(mesh)
     self._replicated = sharding.replicated(mesh)
     self.position = position
@@ -113,21 +130,23 @@ class TrainFeed:
             for name, table in (('x', self._x), ('y', self._y))}
 
   def indices(self, position: int, num_batches: int = 1) -> np.ndarray:
-    """Table rows of this process's part of `num_batches` batches (KxB)."""
-    return self._order.rows(position, num_batches, self._rows)
+    """Table rows of this process's part of `num_batches` steps' batches
+    (K x its members x its rows of each batch)."""
+    return np.stack([order.rows(position, num_batches, self._rows)
+                     for order in self._orders], axis=1)
 
   def _produce(self, num_steps: int) -> Chunk:
-    idx_KxB = np.zeros((self._k, self._rows.stop - self._rows.start),
-                       np.int32)
-    idx_KxB[:num_steps] = self.indices(self._next_produced, num_steps)
-    self._next_produced += num_steps * self._order.batch_size
+    idx_KxMxB = np.zeros((self._k, len(self._orders),
+                          self._rows.stop - self._rows.start), np.int32)
+    idx_KxMxB[:num_steps] = self.indices(self._next_produced, num_steps)
+    self._next_produced += num_steps * self._batch_size
     if self.resident and jax.process_count() == 1:
-      return {'idx': idx_KxB}
-    local = ({'idx': idx_KxB} if self.resident else
-             {'x': self._x[idx_KxB], 'y': self._y[idx_KxB]})
+      return {'idx': idx_KxMxB}
+    local = ({'idx': idx_KxMxB} if self.resident else
+             {'x': self._x[idx_KxMxB], 'y': self._y[idx_KxMxB]})
     return {name: jax.make_array_from_process_local_data(
         self.chunk_sharding, a,
-        (self._k, self._order.batch_size) + a.shape[2:])
+        (self._k, self._num_members, self._batch_size) + a.shape[3:])
             for name, a in local.items()}
 
   def chunks(self, sizes: Iterable[int]) -> Iterator[tuple[int, Chunk]]:
@@ -155,7 +174,7 @@ class TrainFeed:
         if not planned:
           return
         num_steps, chunk = planned.popleft(), self._prefetcher.get()
-      self.position += num_steps * self._order.batch_size
+      self.position += num_steps * self._batch_size
       yield num_steps, chunk
 
   def close(self):

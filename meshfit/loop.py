@@ -21,18 +21,20 @@ from absl import logging
 from meshfit import (call_plan, checkpoint_policy, checkpointing,
                      compilation_cache, config as config_lib, config_files,
                      data, feeding, metrics, optim, plots, runtime,
-                     state as state_lib, steps, workdir_lock, writers)
+                     selection, sharding, state as state_lib, steps,
+                     workdir_lock, writers)
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.features import FeatureStats, InputLayout
 from meshfit.loss_watch import LossWatch, NonFiniteLossError
 from meshfit.preemption import Preempted, PreemptionWatch
 from meshfit.profiling import ProfileWindow
-from meshfit.validation import BestTracker, standardized_loss
+from meshfit.validation import BestTracker
 from models import mlp
 
 # Called after each train call is dispatched, with the step it reaches and
-# its losses (a benchmark's or a test's view into the loop).
+# its losses, K steps x M members (a benchmark's or a test's view into the
+# loop).
 CallObserver = Callable[[int, jax.Array], None]
 
 
@@ -124,7 +126,8 @@ def _restore_or_init(config: Config, setup: runtime.Setup,
   stats = FeatureStats.fit(setup.arch.layout, splits.train.x_NxF,
                            splits.train.y_NxT)
   return (state_lib.create_train_state(setup.arch, setup.tx, setup.mesh,
-                                       config.seed, stats), 0,
+                                       config.seed, stats,
+                                       optim.Hyperparameters.of(config)), 0,
           BestTracker(config.early_stopping_evals))
 
 
@@ -156,20 +159,30 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
                            initial_step)
   writer = writers.AsyncWriter(writers.create_writer(workdir, is_main))
   train_call = steps.jit_train_call(setup.graphdef, setup.arch.layout,
-                                    setup.tx, setup.shardings, setup.mesh,
-                                    config.log_every_steps)
+                                    setup.member_tx, setup.shardings,
+                                    setup.mesh, config.log_every_steps,
+                                    setup.dropout)
   evaluations = _Evaluations(config, setup, splits, writer, tracker)
   # Jitted: op by op, the schedule cost the writer thread (and so the loop)
-  # more than the rest of a log.
-  schedule = jax.jit(optim.learning_rate_schedule(config.optimizer,
-                                                  config.num_train_steps))
+  # more than the rest of a log. Not logged when members have their own.
+  schedule = (None if len(config.sweep.learning_rates) > 1 else jax.jit(
+      optim.learning_rate_schedule(config.optimizer, config.num_train_steps,
+                                   (config.sweep.learning_rates or
+                                    (config.optimizer.learning_rate,))[0])))
   profile = ProfileWindow(config.profile_start_step,
                           config.profile_num_steps, workdir)
-  watch = LossWatch()
+  hparams = optim.Hyperparameters.of(config)
+  watch = LossWatch(lambda member, step, value: logging.warning(
+      'Member %d (%s) diverged: its loss is %s at step %d. It is left out of '
+      "the ensemble's predictions; the other members train on.", member,
+      ', '.join(f'{k}={v:g}' for k, v in hparams.member(member).items()),
+      value, step))
   checkpoints = checkpoint_policy.LoopCheckpoints(
       ckpt, watch, writer, setup.shardings, lambda: {
           'data_position': feed.position, 'config': config.to_dict(),
           'train_key': splits.train_key, 'validation': tracker.to_json(),
+          **({'selection': evaluations.choice.to_json()}
+             if evaluations.choice else {}),
           **runtime.model_meta(splits.train.plan, setup.arch.layout)},
       config.checkpoint_every_steps, config.checkpoint_every_seconds)
   try:
@@ -189,18 +202,18 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
       done, step = step, step + n
       profile.before(done)
       with jax.profiler.StepTraceAnnotation('train', step_num=step):
-        state, losses_K, train_metrics = train_call(state, table_z, chunk,
+        state, losses_KxM, train_metrics = train_call(state, table_z, chunk,
                                                     np.int32(n))
-      watch.add(done + 1, n, losses_K)
+      watch.add(done + 1, n, losses_KxM)
       if on_call is not None:
-        on_call(step, losses_K)
+        on_call(step, losses_KxM)
       last = step == last_step
       if step % config.log_every_steps == 0 or last:
         watch.once_checked(functools.partial(
             _log_train, writer, speed, train_metrics, schedule, step))
       if step % config.eval_every_steps == 0 or last:
         watch.drain()  # train and eval steps share the in-flight bound
-        val_loss = evaluations.at(step, state)
+        state, val_loss = evaluations.at(step, state)
         if val_loss is not None:
           evaluations.best_state = checkpoints.note_best(step, state,
                                                          val_loss)
@@ -241,7 +254,8 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
 
 
 class _Evaluations:
-  """The loop's evaluations: the eval split, and the validation rows."""
+  """The loop's evaluations: the validation rows (which choose the members
+  and the best step), then the eval split."""
 
   def __init__(self, config: Config, setup: runtime.Setup,
                splits: data.Splits, writer: writers.AsyncWriter,
@@ -249,34 +263,65 @@ class _Evaluations:
     self._config, self._setup, self._splits = config, setup, splits
     self._writer, self.tracker = writer, tracker
     self._step = steps.jit_eval_step(setup.graphdef, setup.arch.layout,
-                                     setup.shardings, setup.mesh)
+                                     setup.shardings, setup.mesh,
+                                     setup.distribution)
+    self._weights = sharding.member_sharding(setup.mesh)
+    self._hparams = optim.Hyperparameters.of(config)
     self.best_state = None  # a device copy of the best step's state
+    self.choice: selection.Choice | None = None  # the latest
     self._last: tuple[int, dict] | None = None
 
   def _evaluate(self, state, table) -> dict:
     return runtime.evaluate_table(self._setup, state, table,
                                   self._config.eval_batch_size, self._step)
 
-  def at(self, step: int, state: state_lib.TrainState) -> float | None:
-    """Evaluates `state` on the eval split, and on the validation rows.
+  def _choose(self, step: int, state: state_lib.TrainState
+              ) -> state_lib.TrainState:
+    """Scores every member on the validation rows; the state with the
+    weights `sweep.select` gives them."""
+    validation = self._splits.validation
+    mean, var = runtime.member_outputs(self._setup, state, validation.x_NxF,
+                                       self._config.eval_batch_size)
+    stats = jax.device_get(state.stats)
+    z = (validation.y_NxT - stats.y_mean_T) / stats.y_std_T
+    previous, self.choice = self.choice, selection.choose(
+        self._config.sweep.select, mean, var, z, self._setup.distribution)
+    if state.num_members > 1 and (
+        previous is None or previous.chosen() != self.choice.chosen()):
+      logging.info('Step %d: %s.', step,
+                   self.choice.describe(self._hparams))
+    return state.replace(weights_M=jax.device_put(self.choice.weights_M,
+                                                  self._weights))
+
+  def at(self, step: int, state: state_lib.TrainState
+         ) -> tuple[state_lib.TrainState, float | None]:
+    """Evaluates `state` on the validation rows, choosing its members
+    there, then on the eval split.
 
     Returns:
-      The validation loss if this is the best step so far, else None.
+      The state with its members' weights, and the validation loss if this
+      is the best step so far (else None).
     """
+    scalars, improved = {}, False
+    if self._splits.validation is not None:
+      state = self._choose(step, state)
+      validation = self._evaluate(state, self._splits.validation)
+      scalars.update({**_eval_scalars('val', validation),
+                      'val/loss': self.choice.loss})
+      if state.num_members > 1:
+        best = self.choice.best_member
+        scalars.update({
+            'val/loss_best_member': float(
+                self.choice.member_losses_M[best]),
+            'val/loss_all_members': self.choice.all_loss,
+            'val/members_chosen': float(len(self.choice.chosen()))})
+      improved = self.tracker.update(step, self.choice.loss)
     result = self._evaluate(state, self._splits.eval)
     self._last = (step, result)
-    scalars = _eval_scalars('eval', result)
-    improved = False
-    if self._splits.validation is not None:
-      validation = self._evaluate(state, self._splits.validation)
-      loss = standardized_loss(
-          validation, np.asarray(jax.device_get(state.stats.y_std_T)),
-          self._splits.train.target_names)
-      scalars.update({**_eval_scalars('val', validation), 'val/loss': loss})
-      improved = self.tracker.update(step, loss)
+    scalars = {**_eval_scalars('eval', result), **scalars}
     self._writer.write_scalars(step, scalars)
     self._writer.flush()
-    return self.tracker.best_loss if improved else None
+    return state, (self.tracker.best_loss if improved else None)
 
   def final(self, state: state_lib.TrainState,
             ckpt: checkpointing.Checkpointer, workdir: str) -> dict:
@@ -290,8 +335,12 @@ class _Evaluations:
     best_state = (state if best == step else self.best_state)
     if best_state is None:  # a resumed run: read the best checkpoint back
       best_state = runtime.restore(ckpt, self._setup, best)
-    return {**self._evaluate(best_state, self._splits.eval), 'step': best,
-            'val_loss': self.tracker.best_loss}
+    result = {**self._evaluate(best_state, self._splits.eval), 'step': best,
+              'val_loss': self.tracker.best_loss}
+    if best_state.num_members > 1:
+      result['members'] = runtime.members_summary(best_state,
+                                                   self._hparams)
+    return result
 
 
 def _eval_scalars(prefix: str, result: dict) -> dict[str, float]:
@@ -316,7 +365,7 @@ def _plan(config: Config, setup: runtime.Setup, train_table,
   arch = setup.arch
   flops_per_step = 6.0 * mlp.num_params(
       (arch.layout.shape.width(arch.mlp), *arch.mlp.hidden_sizes,
-       arch.num_targets)) * config.batch_size
+       arch.num_targets)) * config.batch_size * arch.num_members
   max_steps_per_call = call_plan.choose_steps_per_call(
       config.steps_per_call, flops_per_step, jax.devices()[0].platform,
       periods)
@@ -328,7 +377,8 @@ def _plan(config: Config, setup: runtime.Setup, train_table,
       train_table.x_NxF, train_table.y_NxT, batch_size=config.batch_size,
       seed=config.seed, mesh=setup.mesh, steps_per_call=max_steps_per_call,
       resident=resident, position=position,
-      prefetch=config.dataset.prefetch_batches)
+      prefetch=config.dataset.prefetch_batches,
+      members=config.model.ensemble_size)
   logging.info('Training steps %d..%d on a %s mesh, up to %d per call, '
                'batches %s.', initial_step + 1, last_step,
                dict(setup.mesh.shape), max_steps_per_call,
@@ -337,8 +387,8 @@ def _plan(config: Config, setup: runtime.Setup, train_table,
 
 
 def _log_train(writer: writers.AsyncWriter, speed: '_StepsPerSecond',
-               train_metrics: metrics.TrainMetrics, schedule: optax.Schedule,
-               step: int) -> None:
+               train_metrics: metrics.TrainMetrics,
+               schedule: optax.Schedule | None, step: int) -> None:
   """Queues the train scalars of `step` (its call's losses are checked)."""
   rate = speed(step)  # measured now that the call is known to be done
   writer.write_scalars(step, functools.partial(
@@ -346,14 +396,16 @@ def _log_train(writer: writers.AsyncWriter, speed: '_StepsPerSecond',
 
 
 def _train_scalars(train_metrics: metrics.TrainMetrics,
-                   schedule: optax.Schedule, step: int,
+                   schedule: optax.Schedule | None, step: int,
                    steps_per_sec: float) -> dict[str, float]:
   """The train scalars logged at `step` (from its call's metrics copy)."""
   summary = jax.device_get(train_metrics).compute()
-  return {'train/loss': summary['loss'],
-          'train/grad_norm': summary['grad_norm'],
-          'train/learning_rate': schedule(step - 1),
-          'train/steps_per_sec': steps_per_sec}
+  scalars = {'train/loss': summary['loss'],
+             'train/grad_norm': summary['grad_norm'],
+             'train/steps_per_sec': steps_per_sec}
+  if schedule is not None:
+    scalars['train/learning_rate'] = schedule(step - 1)
+  return scalars
 
 
 class _StepsPerSecond:
@@ -396,7 +448,12 @@ def _summarize(config: Config, workdir: str, final: dict,
   chosen = (f'best step {final["step"]} by validation loss '
             f'{final["val_loss"]:.6g}' if 'val_loss' in final else
             f'step {final["step"]}')
-  logging.info('Done: %s; eval rmse=%.6g mae=%.6g r2=%.4f on %d rows%s%s',
+  if 'members' in final:
+    chosen += (f', members {", ".join(final["members"])} of '
+               f'{config.model.ensemble_size} ({config.sweep.select})')
+  distribution = (f' nll={final["nll"]:.6g} coverage_90='
+                  f'{final["coverage_90"]:.4f}' if 'nll' in final else '')
+  logging.info('Done: %s; eval rmse=%.6g mae=%.6g r2=%.4f%s on %d rows%s%s',
                chosen, final['rmse'], final['mae'], final['r2'],
-               final['num_examples'], per_target,
+               distribution, final['num_examples'], per_target,
                f'; loss curve: {curve}' if curve else '')

@@ -5,6 +5,11 @@ drain), so the host never waits for the device just to check them, and the
 calls in flight stay within `in_flight.MAX_IN_FLIGHT`. What must not happen
 before a call's losses are known to be finite (its train-metrics log, a
 checkpoint of its state) is attached to it with `once_checked`.
+
+An ensemble's members are checked one by one: a member whose loss turns
+non-finite (a learning rate too high for it, in a sweep) is reported once
+and left out of the ensemble's predictions (`meshfit/uncertainty.py`) while
+the others train on; the run stops only when every member has diverged.
 """
 
 import os
@@ -37,15 +42,23 @@ class NonFiniteLossError(RuntimeError):
 
 
 class LossWatch:
-  """Bounds the calls in flight and stops at the first non-finite loss."""
+  """Bounds the calls in flight and stops once no member's loss is finite."""
 
-  def __init__(self):
-    # (first step, steps, losses_K, actions) of each dispatched call.
+  def __init__(self, on_diverged: Callable[[int, int, float], None]
+               = lambda member, step, value: None):
+    """Args:
+      on_diverged: called with (member, step, loss) the first time a
+        member's loss is not finite while others' still are.
+    """
+    # (first step, steps, losses_KxM, actions) of each dispatched call.
     self._calls = InFlight()
+    self._on_diverged = on_diverged
+    self.diverged: dict[int, int] = {}  # member -> its first bad step
 
-  def add(self, first_step: int, num_steps: int, losses_K: jax.Array) -> None:
+  def add(self, first_step: int, num_steps: int,
+          losses_KxM: jax.Array) -> None:
     """Records a dispatched call of steps first_step..+num_steps-1."""
-    self._calls.add((first_step, num_steps, losses_K, []))
+    self._calls.add((first_step, num_steps, losses_KxM, []))
 
   def once_checked(self, action: Callable[[], None]) -> None:
     """Runs `action` once the last added call's losses are known finite (at
@@ -65,13 +78,19 @@ class LossWatch:
     for call in self._calls.drain():
       self._check(*call)
 
-  @staticmethod
-  def _check(first_step: int, num_steps: int, losses_K: jax.Array,
+  def _check(self, first_step: int, num_steps: int, losses_KxM: jax.Array,
              actions: list[Callable[[], None]]) -> None:
-    losses = np.asarray(losses_K)[:num_steps]
-    bad = np.flatnonzero(~np.isfinite(losses))
-    if bad.size:
-      raise NonFiniteLossError(first_step + int(bad[0]),
-                               float(losses[bad[0]]))
+    losses = np.asarray(losses_KxM)[:num_steps].reshape(num_steps, -1)
+    finite = np.isfinite(losses)
+    none_left = np.flatnonzero(~finite.any(axis=1))
+    if none_left.size:
+      k = int(none_left[0])
+      raise NonFiniteLossError(first_step + k, float(losses[k][0]))
+    for member in np.flatnonzero(~finite.all(axis=0)):
+      if int(member) not in self.diverged:
+        k = int(np.argmin(finite[:, member]))
+        self.diverged[int(member)] = first_step + k
+        self._on_diverged(int(member), first_step + k,
+                          float(losses[k, member]))
     for action in actions:
       action()

@@ -1,31 +1,120 @@
-"""Optimizers and learning-rate schedules (optax), from config.optimizer."""
+"""Optimizers and learning-rate schedules (optax), from config.optimizer.
 
+An ensemble's members may each have their own learning rate and weight
+decay (a sweep: config.sweep). They are arrays of the train state
+(`Hyperparameters`), and each member's optimizer is built from its own,
+traced values inside the vmapped step; the optimizer state has the same
+structure whatever the values, so one `init` serves every member.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
+from flax import struct
 
-from meshfit.config import OptimizerConfig
+from meshfit.config import Config, OptimizerConfig
 
 
-def learning_rate_schedule(opt: OptimizerConfig,
-                           num_train_steps: int) -> optax.Schedule:
-  """The learning rate at each step (optax reads the step from opt_state)."""
+@struct.dataclass
+class Hyperparameters:
+  """Each member's own values (M of each), kept in the train state.
+
+  Attributes:
+    learning_rate_M: peak learning rate.
+    weight_decay_M: decoupled weight decay (adamw).
+    dropout_rate_M: dropout after each hidden activation.
+  """
+  learning_rate_M: jax.Array
+  weight_decay_M: jax.Array
+  dropout_rate_M: jax.Array
+
+  @classmethod
+  def of(cls, config: Config) -> 'Hyperparameters':
+    """Member m takes combination m % G of the sweep's G (host arrays)."""
+    sweep, members = config.sweep, config.model.ensemble_size
+    grids = [sweep.learning_rates or (config.optimizer.learning_rate,),
+             sweep.weight_decays or (config.optimizer.weight_decay,),
+             sweep.dropout_rates or (config.model.dropout_rate,)]
+    combos = np.array(np.meshgrid(*grids, indexing='ij')).reshape(3, -1).T
+    chosen = combos[np.arange(members) % len(combos)].astype(np.float32)
+    return cls(*chosen.T)
+
+  @classmethod
+  def uniform(cls, members: int, learning_rate: float,
+              weight_decay: float = 0.0,
+              dropout_rate: float = 0.0) -> 'Hyperparameters':
+    """The same values for every member."""
+    return cls(*(np.full(members, v, np.float32)
+                 for v in (learning_rate, weight_decay, dropout_rate)))
+
+  def varying(self) -> list[str]:
+    """The names of the values that differ between members."""
+    return [name for name, values in self.member_values().items()
+            if len(np.unique(values)) > 1]
+
+  def member_values(self) -> dict[str, np.ndarray]:
+    """{name: M values}."""
+    return {'learning_rate': np.asarray(self.learning_rate_M),
+            'weight_decay': np.asarray(self.weight_decay_M),
+            'dropout_rate': np.asarray(self.dropout_rate_M)}
+
+  def member(self, m: int) -> dict[str, float]:
+    """Member m's values, for messages."""
+    return {name: float(values[m])
+            for name, values in self.member_values().items()}
+
+
+def learning_rate_schedule(opt: OptimizerConfig, num_train_steps: int,
+                           peak: float | jax.Array | None = None
+                           ) -> optax.Schedule:
+  """The learning rate at each step (optax reads the step from opt_state).
+
+  Args:
+    opt: the optimizer section.
+    num_train_steps: the run's length (the cosine decays over it).
+    peak: the peak learning rate (a member's own); default the config's.
+  """
+  peak = opt.learning_rate if peak is None else peak
   if opt.schedule == 'constant':
-    return optax.constant_schedule(opt.learning_rate)
+    return lambda count: jnp.asarray(peak, jnp.float32) * jnp.ones_like(
+        count, jnp.float32)
   warmup = min(opt.warmup_steps, num_train_steps)  # 'warmup_cosine'
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=opt.learning_rate, warmup_steps=warmup,
+  unit = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=1.0, warmup_steps=warmup,
       decay_steps=max(num_train_steps, warmup + 1),
-      end_value=opt.learning_rate * opt.end_learning_rate_factor)
+      end_value=opt.end_learning_rate_factor)
+  return lambda count: unit(count) * peak
 
 
-def make_optimizer(opt: OptimizerConfig,
-                   num_train_steps: int) -> optax.GradientTransformation:
-  """Gradient clipping (optional) followed by sgd, adam or adamw."""
-  lr = learning_rate_schedule(opt, num_train_steps)
+def make_optimizer(opt: OptimizerConfig, num_train_steps: int,
+                   learning_rate: float | jax.Array | None = None,
+                   weight_decay: float | jax.Array | None = None
+                   ) -> optax.GradientTransformation:
+  """Gradient clipping (optional) followed by sgd, adam or adamw.
+
+  Args:
+    opt: the optimizer section.
+    num_train_steps: the run's length.
+    learning_rate: a member's peak learning rate; default the config's.
+    weight_decay: a member's weight decay (adamw); default the config's.
+  """
+  lr = learning_rate_schedule(opt, num_train_steps, learning_rate)
+  decay = opt.weight_decay if weight_decay is None else weight_decay
   base = {
       'sgd': lambda: optax.sgd(lr, momentum=opt.momentum or None),
       'adam': lambda: optax.adam(lr),
-      'adamw': lambda: optax.adamw(lr, weight_decay=opt.weight_decay),
+      'adamw': lambda: optax.adamw(lr, weight_decay=decay),
   }[opt.name]()
   if opt.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), base)
   return base
+
+
+def member_optimizer(opt: OptimizerConfig, num_train_steps: int,
+                     hparams: Hyperparameters
+                     ) -> optax.GradientTransformation:
+  """One member's optimizer, from its own values (scalars, traced inside
+  the step's vmap over members)."""
+  return make_optimizer(opt, num_train_steps, hparams.learning_rate_M,
+                        hparams.weight_decay_M)

@@ -3,7 +3,9 @@
 `loss_curve.png` (end of training): train/loss (and val/loss) and eval/rmse
 against step. `eval/step_<N>_predictions.png` (--mode=eval): predicted
 against actual, and residuals against predicted, one row of panels per
-target. Each shows what predicting the training mean would score: an RMSE
+target; for a model that predicts a distribution,
+`eval/step_<N>_calibration.png`: observed against nominal coverage of its
+central intervals. Each shows what predicting the training mean would score: an RMSE
 means something only beside it.
 
 Figures are built with the object-oriented API (`Figure`, no pyplot), so no
@@ -182,5 +184,43 @@ def write_predictions_figure(path: str, y_NxT: np.ndarray,
       ax.grid(True, alpha=0.3)
   drawn = f', {len(shown):,} drawn at random' if len(shown) < n else ''
   fig.suptitle(f'{title} ({n:,} examples{drawn})')
+  _save(fig, path)
+  return path
+
+
+def write_calibration_figure(path: str, levels: Sequence[float],
+                             observed_LxT: np.ndarray,
+                             target_names: Sequence[str], title: str) -> str:
+  """Draws each target's observed coverage of the central intervals
+  against their nominal probability: on the diagonal, the intervals mean
+  what they say; below it, they are too narrow (over-confident).
+
+  Args:
+    path: the PNG to write.
+    levels: the nominal probabilities of the intervals (L of them).
+    observed_LxT: the fraction of values each interval held, per target.
+    target_names: the T targets, for the legend.
+    title: what was evaluated, shown on top.
+
+  Returns:
+    `path`.
+  """
+  fig = _new_figure(figsize=(5.5, 5.2), layout='constrained')
+  ax = fig.subplots()
+  ax.plot([0, 1], [0, 1], color='black', linewidth=1,
+          label='calibrated (observed = nominal)')
+  for t, name in enumerate(target_names):
+    at_90 = observed_LxT[list(levels).index(0.9), t] if 0.9 in levels else None
+    label = name + (f' (90% interval holds {at_90:.1%})'
+                    if at_90 is not None else '')
+    ax.plot(levels, observed_LxT[:, t], marker='o', markersize=3,
+            label=label)
+  ax.set_xlim(0, 1)
+  ax.set_ylim(0, 1)
+  ax.set_xlabel('nominal probability of the central interval')
+  ax.set_ylabel('fraction of eval values inside it')
+  ax.grid(True, alpha=0.3)
+  ax.legend(loc='upper left')
+  fig.suptitle(title)
   _save(fig, path)
   return path

@@ -28,13 +28,18 @@ from meshfit.files import atomic_write
 if TYPE_CHECKING:
   import pandas as pd
 
-# Appended to a target's name for its column in a predictions table.
+# Appended to a target's name for its columns in a predictions table: the
+# prediction, and for a model that predicts a distribution its std and the
+# ends of a central interval.
 PREDICTION_SUFFIX = '_pred'
+SUFFIXES = {'pred': PREDICTION_SUFFIX, 'std': '_std', 'lower': '_lower',
+            'upper': '_upper'}
 
 
 def predict(config: ml_collections.ConfigDict | Config, workdir: str,
             input_path: str, output_path: str, step: int | None = None,
-            keep_columns: Sequence[str] = ()) -> dict[str, object]:
+            keep_columns: Sequence[str] = (),
+            interval: float | None = None) -> dict[str, object]:
   """Writes a checkpoint's predictions for every row of `input_path`.
 
   Args:
@@ -44,16 +49,21 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
       columns, found by name; other columns are ignored.
     output_path: CSV or Parquet file to write: the input's rows in order,
       the `keep_columns`, then one `<target>_pred` column per target in the
-      targets' original units. Only process 0 writes it.
+      targets' original units; for a model trained with a gaussian
+      likelihood, `<target>_std` too, and with `interval`
+      `<target>_lower` and `<target>_upper`. Only process 0 writes it.
     step: the checkpoint to use; None takes the best by validation (when
       the run validated) or else the newest intact one.
     keep_columns: input columns copied unchanged into the output (ids, ...).
+    interval: the probability of the central interval to write (gaussian
+      models), e.g. 0.9.
 
   Returns:
     {"step", "input", "output", "num_examples", "columns"}: what was written.
 
   Raises:
-    UsageError: no such checkpoint, or an unwritable output.
+    UsageError: no such checkpoint, an unwritable output, or an interval
+      asked of a model that predicts no distribution.
     DataError: a missing, unreadable or bad input file (a missing feature
       column is named).
   """
@@ -63,6 +73,11 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
     raise UsageError(f'--output {output_path!r} is the --input file; writing '
                      'predictions there would replace the input; name another '
                      'file')
+  if interval is not None and config.model.likelihood != 'gaussian':
+    raise UsageError(
+        f'--interval: this model was trained with model.likelihood='
+        f"'{config.model.likelihood}' and predicts no distribution; drop "
+        "--interval, or train with --config.model.likelihood=gaussian")
   ckpt = checkpointing.Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.step_to_restore(step)
@@ -82,24 +97,30 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
     state = runtime.restore(ckpt, setup, step)
   finally:
     ckpt.close()
-  pred_NxT = runtime.predict_table(setup, state, x_NxF,
-                                   config.eval_batch_size)
+  outputs = runtime.predict_table(setup, state, x_NxF,
+                                  config.eval_batch_size, interval)
+  if not setup.distribution:
+    del outputs['std']  # the members' disagreement alone: not a std of y
   if jax.process_index() == 0:
-    write_predictions(output_path, pred_NxT, target_names, keep)
+    write_predictions(output_path, outputs, target_names, keep)
   return {'step': step, 'input': input_path, 'output': output_path,
-          'num_examples': int(pred_NxT.shape[0]),
-          'columns': [*keep_columns, *prediction_columns(target_names)]}
+          'num_examples': int(outputs['pred'].shape[0]),
+          'columns': [*keep_columns,
+                      *prediction_columns(target_names, tuple(outputs))]}
 
 
-def prediction_columns(target_names: Sequence[str]) -> list[str]:
-  """`<target>_pred`, one per target."""
-  return [f'{t}{PREDICTION_SUFFIX}' for t in target_names]
+def prediction_columns(target_names: Sequence[str],
+                       outputs: Sequence[str] = ('pred',)) -> list[str]:
+  """`<target>_pred` (then `_std`, `_lower`, `_upper` where asked) of each
+  target in turn."""
+  return [f'{t}{SUFFIXES[o]}' for t in target_names for o in outputs]
 
 
-def write_predictions(path: str, pred_NxT: np.ndarray,
+def write_predictions(path: str, outputs: dict[str, np.ndarray] | np.ndarray,
                       target_names: Sequence[str],
                       keep: pd.DataFrame | None = None) -> None:
-  """Writes one row per input row: kept columns, then `<target>_pred`.
+  """Writes one row per input row: kept columns, then `<target>_pred` (and
+  the other outputs').
 
   Written to a temporary file and renamed, so `path` never holds half a
   table. Floats are written at full precision: reading the file back gives
@@ -107,8 +128,8 @@ def write_predictions(path: str, pred_NxT: np.ndarray,
 
   Args:
     path: output file; Parquet for `.parquet` / `.pq`, else CSV.
-    pred_NxT: predictions in the targets' original units, rows in input
-      order.
+    outputs: {'pred': N x T, ...} (`SUFFIXES`' keys) in the targets'
+      original units, rows in input order; an array is {'pred': it}.
     target_names: the T target names.
     keep: pass-through columns (`table_files.pass_through`), N rows, or None.
 
@@ -118,14 +139,18 @@ def write_predictions(path: str, pred_NxT: np.ndarray,
     ValueError: the shapes of `pred_NxT`, `target_names` and `keep` disagree.
   """
   import pandas as pd  # noqa: PLC0415  (see the docstring)
-  if pred_NxT.ndim != 2 or pred_NxT.shape[1] != len(target_names):
-    raise ValueError(f'pred_NxT has shape {pred_NxT.shape} for '
-                     f'{len(target_names)} targets')
+  if not isinstance(outputs, dict):
+    outputs = {'pred': outputs}
+  pred_NxT = outputs['pred']
+  for name, a in outputs.items():
+    if a.ndim != 2 or a.shape != (pred_NxT.shape[0], len(target_names)):
+      raise ValueError(f'{name} has shape {a.shape} for '
+                       f'{len(target_names)} targets')
   keep = pd.DataFrame() if keep is None else keep
   if len(keep.columns) and len(keep) != pred_NxT.shape[0]:
     raise ValueError(f'{len(keep)} kept rows for {pred_NxT.shape[0]} '
                      'predictions')
-  names = prediction_columns(target_names)
+  names = prediction_columns(target_names, tuple(outputs))
   clash = sorted(set(names) & set(keep.columns))
   if clash:
     raise UsageError(f'cannot keep column(s) {", ".join(clash)}: the '
@@ -135,8 +160,8 @@ def write_predictions(path: str, pred_NxT: np.ndarray,
   if not os.path.isdir(directory):
     raise UsageError(f'cannot write {path!r}: directory {directory!r} does '
                      'not exist; create it first')
-  predictions = pd.DataFrame(
-      {n: pred_NxT[:, t] for t, n in enumerate(names)})
+  predictions = pd.DataFrame(dict(zip(names, (
+      a[:, t] for t in range(len(target_names)) for a in outputs.values()))))
   table = pd.concat([keep.reset_index(drop=True), predictions], axis=1)
   with atomic_write(path, 'wb') as f:
     if table_files.is_parquet(path):

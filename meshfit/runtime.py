@@ -2,6 +2,8 @@
 checkpoint's model reads, restore, and predictions or metrics over a table."""
 
 import dataclasses
+import functools
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -13,24 +15,42 @@ from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 from input_pipeline.tables import Table
 from meshfit import (checkpointing, feeding, in_flight, metrics, optim,
-                     sharding, state as state_lib, steps)
+                     sharding, state as state_lib, steps, uncertainty)
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.features import InputLayout
 
-# The version of what a checkpoint's meta describes: 2 has the column plan
-# and the input layout (meshfit before it stored feature names only).
-META_FORMAT = 2
+# The version of what a checkpoint holds: 2 has the column plan and the
+# input layout in its meta (meshfit before it stored feature names only), 3
+# a member axis in its state.
+META_FORMAT = 3
 
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-  """Mesh, model structure, optimizer and state shardings of a run."""
+  """Mesh, model structure, optimizer and state shardings of a run.
+
+  Attributes:
+    mesh: the device mesh.
+    arch: the model.
+    graphdef: one member's structure.
+    tx: the config's optimizer (its state's structure).
+    member_tx: a member's optimizer from its own hyperparameters.
+    dropout: some member trains with dropout.
+    shardings: the train state's shardings.
+  """
   mesh: Mesh
   arch: state_lib.Architecture
   graphdef: nnx.GraphDef
   tx: optax.GradientTransformation
+  member_tx: Callable[[optim.Hyperparameters], optax.GradientTransformation]
+  dropout: bool
   shardings: state_lib.TrainState
+
+  @property
+  def distribution(self) -> bool:
+    """The model predicts a distribution (a mean and a variance)."""
+    return self.arch.mlp.likelihood == 'gaussian'
 
 
 def make_setup(config: Config, layout: InputLayout, num_targets: int,
@@ -44,10 +64,15 @@ def make_setup(config: Config, layout: InputLayout, num_targets: int,
     mesh: the mesh to use; default: built from config.mesh over every device.
   """
   if mesh is None:
-    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model)
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model,
+                              members=config.mesh.members)
   arch = state_lib.Architecture(config.model, layout, num_targets)
   tx = optim.make_optimizer(config.optimizer, config.num_train_steps)
-  return Setup(mesh, arch, state_lib.graphdef(arch), tx,
+  member_tx = functools.partial(optim.member_optimizer, config.optimizer,
+                                config.num_train_steps)
+  dropout = config.model.dropout_rate > 0 or any(
+      r > 0 for r in config.sweep.dropout_rates)
+  return Setup(mesh, arch, state_lib.graphdef(arch), tx, member_tx, dropout,
                state_lib.state_shardings(arch, tx, mesh))
 
 
@@ -67,8 +92,9 @@ def read_model(meta: dict, step: int, directory: str
   if meta.get('format') != META_FORMAT:
     raise UsageError(
         f'the checkpoint of step {step} in {directory} was written by an '
-        'older meshfit (before column plans: its inputs are not recorded); '
-        'use that version of meshfit for it, or train into a new workdir')
+        f'older meshfit (checkpoint format {meta.get("format", 1)}, this '
+        f'meshfit reads {META_FORMAT}); use that version of meshfit for it, '
+        'or train into a new workdir')
   layout = meta['layout']
   try:
     plan = ColumnPlan.from_json(meta['column_plan'])
@@ -113,27 +139,55 @@ def _unreadable(ckpt: checkpointing.Checkpointer, step: int,
 
 
 def predict_table(setup: Setup, state: state_lib.TrainState,
-                  x_NxF: np.ndarray, batch_size: int) -> np.ndarray:
-  """Predictions (original units) for every row of `x_NxF`, in order.
+                  x_NxF: np.ndarray, batch_size: int,
+                  interval: float | None = None) -> dict[str, np.ndarray]:
+  """The ensemble's predictions for every row of `x_NxF`, in order.
 
   Batches are sharded over the mesh; the last one is padded and the padding
   dropped. Every process returns all N rows.
+
+  Returns:
+    {'pred': N x T, 'std': N x T} in the targets' original units, and with
+    `interval` the central interval's 'lower' and 'upper'.
   """
   predict_step = steps.jit_predict_step(setup.graphdef, setup.arch.layout,
-                                        setup.shardings, setup.mesh)
-  batch_preds = (predict_step(state, batch['x']) for batch in
-                 feeding.eval_batches(
-                     x_NxF, None, batch_size=batch_size,
-                     batch_sharding=sharding.batch_sharding(setup.mesh)))
-  preds = list(in_flight.fetched(batch_preds))
-  if not preds:
-    return np.zeros((0, setup.arch.num_targets), np.float32)
-  return np.concatenate(preds)[:x_NxF.shape[0]]
+                                        setup.shardings, setup.mesh, interval)
+  names = ('pred', 'std') + (('lower', 'upper') if interval else ())
+  outputs = _over_batches(setup, x_NxF, batch_size,
+                          lambda x: predict_step(state, x))
+  return {name: np.concatenate([o[i] for o in outputs])[:x_NxF.shape[0]]
+          if outputs else np.zeros((0, setup.arch.num_targets), np.float32)
+          for i, name in enumerate(names)}
+
+
+def member_outputs(setup: Setup, state: state_lib.TrainState,
+                   x_NxF: np.ndarray, batch_size: int
+                   ) -> tuple[np.ndarray, np.ndarray]:
+  """Every member's (mean_MxNxT, var_MxNxT), standardised units (to choose
+  members on validation rows)."""
+  step = steps.jit_member_outputs(setup.graphdef, setup.arch.layout,
+                                  setup.shardings, setup.mesh)
+  outputs = _over_batches(setup, x_NxF, batch_size, lambda x: step(state, x))
+  n = x_NxF.shape[0]
+  return tuple(np.concatenate([o[i] for o in outputs], axis=1)[:, :n]
+               for i in range(2))
+
+
+def _over_batches(setup: Setup, x_NxF: np.ndarray, batch_size: int,
+                  fn: Callable[[jax.Array], tuple]) -> list[tuple]:
+  """`fn` of every batch of rows (sharded, the last padded), fetched."""
+  return list(in_flight.fetched(
+      fn(batch['x']) for batch in feeding.eval_batches(
+          x_NxF, None, batch_size=batch_size,
+          batch_sharding=sharding.batch_sharding(setup.mesh))))
 
 
 def evaluate_table(setup: Setup, state: state_lib.TrainState, table: Table,
                    batch_size: int, eval_step=None) -> dict:
-  """mse, rmse, mae, r2 (original units) over every example of `table`.
+  """mse, rmse, mae, r2 (original units) over every example of `table`;
+  for a model that predicts a distribution, nll and coverage_50/90/95 too,
+  and `coverage`: {level: the fraction of values inside the central
+  interval of that probability} for each of COVERAGE_LEVELS.
 
   The overall values average the targets'; `targets` holds each target's
   own, in its units.
@@ -148,15 +202,35 @@ def evaluate_table(setup: Setup, state: state_lib.TrainState, table: Table,
   """
   if eval_step is None:
     eval_step = steps.jit_eval_step(setup.graphdef, setup.arch.layout,
-                                    setup.shardings, setup.mesh)
+                                    setup.shardings, setup.mesh,
+                                    setup.distribution)
   batch_sums = (eval_step(state, batch) for batch in feeding.eval_batches(
       table.x_NxF, table.y_NxT, batch_size=batch_size,
       batch_sharding=sharding.batch_sharding(setup.mesh)))
   total = metrics.host_sum(batch_sums, table.y_NxT.shape[1])
   y_std_T = np.asarray(jax.device_get(state.stats.y_std_T))
-  result = total.compute(y_std_T)
+  result = total.compute(y_std_T, setup.distribution)
   result['num_examples'] = int(total.count)
-  per_target = total.compute_per_target(y_std_T)
+  per_target = total.compute_per_target(y_std_T, setup.distribution)
   result['targets'] = {name: {k: float(v[t]) for k, v in per_target.items()}
                        for t, name in enumerate(table.target_names)}
+  if setup.distribution:
+    coverage_LxT = total.coverage_LxT()
+    result['coverage'] = _by_level(coverage_LxT.mean(axis=1))
+    for t, name in enumerate(table.target_names):
+      result['targets'][name]['coverage'] = _by_level(coverage_LxT[:, t])
   return result
+
+
+def _by_level(coverage_L: np.ndarray) -> dict[str, float]:
+  """{'0.9': observed coverage, ...} for each of COVERAGE_LEVELS."""
+  return {str(level): float(c)
+          for level, c in zip(uncertainty.COVERAGE_LEVELS, coverage_L)}
+
+
+def members_summary(state: state_lib.TrainState,
+                    hparams: optim.Hyperparameters) -> dict[str, dict]:
+  """{member: {'weight', hyperparameters...}} of the members with a weight."""
+  weights = np.asarray(jax.device_get(state.weights_M))
+  return {str(m): {'weight': float(weights[m]), **hparams.member(int(m))}
+          for m in np.flatnonzero(weights > 0)}

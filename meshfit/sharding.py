@@ -1,15 +1,18 @@
 """Where the mesh is built and where partition specs come from.
 
 Models name their dimensions with logical axes (`models/mlp.py`); this module
-alone maps them to the two mesh axes:
+alone maps them to the three mesh axes:
 
-  batch -> 'data'    examples are split over data-parallel devices
-  mlp   -> 'model'   hidden features are split over model-parallel devices
-  vocab -> 'model'   a category table's rows (when they divide evenly)
+  member -> 'members'  the models of an ensemble, spread over devices
+  batch  -> 'data'     examples are split over data-parallel devices
+  mlp    -> 'model'    hidden features are split over model-parallel devices
+  vocab  -> 'model'    a category table's rows (when they divide evenly)
   embed, out, feature, bin -> ()   kept whole (replicated)
 
-With several processes (hosts), 'model' stays within each host and 'data'
-spans the hosts: see `multiprocess_device_grid`.
+A member trains on its own devices with no collectives between members
+(`mesh.members`, default 1: every device holds every member). With several
+processes (hosts), 'model' stays within each host and 'members' and 'data'
+span the hosts: see `multiprocess_device_grid`.
 """
 
 import collections
@@ -23,11 +26,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from meshfit.errors import UsageError
 from models import embeddings, mlp
 
+MEMBERS = 'members'
 DATA = 'data'
 MODEL = 'model'
-AXES = (DATA, MODEL)
+AXES = (MEMBERS, DATA, MODEL)
+MEMBER_AXIS = 'member'  # the logical name of an ensemble's member dimension
 
 LOGICAL_RULES: dict[str, str | None] = {
+    MEMBER_AXIS: MEMBERS,
     'batch': DATA,
     mlp.HIDDEN_AXIS: MODEL,
     embeddings.VOCAB_AXIS: MODEL,
@@ -38,20 +44,26 @@ LOGICAL_RULES: dict[str, str | None] = {
 }
 
 
-def mesh_shape(data: int, model: int, num_devices: int) -> tuple[int, int]:
+def mesh_shape(data: int, model: int, num_devices: int,
+               members: int = 1) -> tuple[int, int]:
   """Resolves a `-1` in the configured (data, model) shape and checks it.
 
   Args:
     data: size of the data axis, or -1 for "all remaining devices".
     model: size of the model axis, or -1.
     num_devices: devices in the job (all hosts).
+    members: size of the members axis (no -1); the others share the rest.
 
   Returns:
-    The (data, model) shape, whose product is `num_devices`.
+    The (data, model) shape, whose product is `num_devices / members`.
 
   Raises:
     UsageError: the shape cannot tile the devices.
   """
+  if members < 1 or num_devices % members:
+    raise UsageError(f'mesh.members={members} does not divide the '
+                     f'{num_devices} devices; use a divisor of {num_devices}')
+  num_devices //= members
   if data == -1 and model == -1:
     raise UsageError('mesh.data and mesh.model are both -1; set at least one '
                      'of them to a positive size')
@@ -89,18 +101,20 @@ def check_model_within_process(model: int, devices_per_process: int) -> None:
         f'{devices_per_process}')
 
 
-def multiprocess_device_grid(shape: tuple[int, int],
+def multiprocess_device_grid(shape: tuple[int, int, int],
                              devices: Sequence[jax.Device]) -> np.ndarray:
-  """Arranges the devices of several processes as a (data, model) grid.
+  """Arranges the devices of several processes as a (members, data, model)
+  grid.
 
   The hybrid (ICI x DCN) layout of TPU pods: each process's devices form a
-  (data / processes, model) block laid out for the host's own interconnect,
-  and the blocks are stacked along 'data' in process order. So 'model' (an
-  all-reduce every layer) never crosses the slower network between hosts,
-  and each process holds one contiguous block of every batch's rows.
+  block laid out for the host's own interconnect, and the blocks are
+  stacked along 'members' (as far as the processes divide it), then along
+  'data', in process order. So 'model' (an all-reduce every layer) never
+  crosses the slower network between hosts, members need no network at
+  all, and each process holds one contiguous block of every batch's rows.
 
   Args:
-    shape: the (data, model) mesh shape, over all of `devices`.
+    shape: the (members, data, model) mesh shape, over all of `devices`.
     devices: devices of every process, each with a `process_index`.
 
   Returns:
@@ -115,24 +129,27 @@ def multiprocess_device_grid(shape: tuple[int, int],
     raise UsageError(
         f'processes hold different numbers of devices ({dict(per_process)}); '
         'give every process the same number of devices')
-  devices_per_process = next(iter(per_process.values()))
-  model = shape[1]
+  members, data, model = shape
+  processes = len(per_process)
+  across_members = np.gcd(members, processes)
+  across_data = processes // across_members
   return mesh_utils.create_hybrid_device_mesh(
-      (devices_per_process // model, model), (len(per_process), 1),
-      devices, process_is_granule=True)
+      (members // across_members, data // across_data, model),
+      (across_members, across_data, 1), devices, process_is_granule=True)
 
 
 def make_mesh(data: int, model: int,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds the (data, model) mesh over `devices` (default: all devices).
+              devices: Sequence[jax.Device] | None = None,
+              members: int = 1) -> Mesh:
+  """Builds the (members, data, model) mesh over `devices` (default: all).
 
   Axes are Auto so that XLA's sharding propagation places the activations
   and inserts the collectives implied by the parameter specs. Devices of
   several processes get the hybrid layout of `multiprocess_device_grid`.
   """
   devices = list(jax.devices() if devices is None else devices)
-  shape = mesh_shape(data, model, len(devices))
-  axis_types = (jax.sharding.AxisType.Auto,) * 2
+  shape = (members, *mesh_shape(data, model, len(devices), members))
+  axis_types = (jax.sharding.AxisType.Auto,) * 3
   if len({d.process_index for d in devices}) > 1:
     return Mesh(multiprocess_device_grid(shape, devices), AXES,
                 axis_types=axis_types)
@@ -168,13 +185,26 @@ def param_sharding(logical_specs, mesh: Mesh, shapes=None):
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  """Examples over 'data', features whole: how every batch array is laid out."""
+  """Examples over 'data', features whole: an evaluation batch (B x ...),
+  which every member reads."""
   return NamedSharding(mesh, P(DATA))
 
 
+def member_batch_sharding(mesh: Mesh) -> NamedSharding:
+  """A training step's batches, one per member (M x B x ...): members over
+  'members', each one's examples over 'data'."""
+  return NamedSharding(mesh, P(MEMBERS, DATA))
+
+
 def chunk_sharding(mesh: Mesh) -> NamedSharding:
-  """A call's K batches (K x B x ...): each batch laid out as batch_sharding."""
-  return NamedSharding(mesh, P(None, DATA))
+  """A call's K steps of batches (K x M x B x ...): each step's laid out as
+  member_batch_sharding."""
+  return NamedSharding(mesh, P(None, MEMBERS, DATA))
+
+
+def member_sharding(mesh: Mesh) -> NamedSharding:
+  """One value per member (M x ...), on the members' devices."""
+  return NamedSharding(mesh, P(MEMBERS))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

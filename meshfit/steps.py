@@ -1,10 +1,13 @@
 """Pure train, eval and predict steps over the split train state.
 
-`train_step` is one optimizer step; `train_call` runs many of them in one
-jitted call, the way training runs. The model is rebuilt from (graphdef,
-params) inside the traced function, so NNX's graph traversal happens once at
-trace time, never per call (`nnx.jit` runs a small MLP's step several times
-slower than `jax.jit` over the split state: docs/performance.md).
+`train_step` is one optimizer step of every member of the ensemble (vmapped
+over the state's member dimension); `train_call` runs many of them in one
+jitted call, the way training runs. Eval and predict combine the members
+into their weighted mixture (`meshfit/uncertainty.py`). The model is rebuilt
+from (graphdef, params) inside the traced function, so NNX's graph traversal
+happens once at trace time, never per call (`nnx.jit` runs a small MLP's
+step several times slower than `jax.jit` over the split state:
+docs/performance.md).
 """
 
 import functools
@@ -17,21 +20,62 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from meshfit import features, sharding
+from meshfit import features, sharding, uncertainty
 from meshfit.features import FeatureStats, InputLayout
 from meshfit.metrics import RegressionSums, TrainMetrics
+from meshfit.optim import Hyperparameters
 from meshfit.state import TrainState
 
 Batch = dict[str, jax.Array]
 
 
-def predict(graphdef: nnx.GraphDef, layout: InputLayout, state: TrainState,
-            x_BxF: jax.Array) -> jax.Array:
-  """Predictions in the targets' original units for input columns x_BxF."""
-  model = nnx.merge(graphdef, state.params)
+def member_outputs(graphdef: nnx.GraphDef, layout: InputLayout,
+                   state: TrainState, x_BxF: jax.Array
+                   ) -> tuple[jax.Array, jax.Array]:
+  """Every member's (mean_MxBxT, var_MxBxT) in standardised units (var 0
+  for a squared-error model) for input columns x_BxF."""
   inputs = features.model_inputs(state.stats, layout, x_BxF)
-  return state.stats.unstandardize_y(
-      model(inputs['numbers'], inputs['missing'], inputs['codes']))
+
+  def member(params):
+    model = nnx.merge(graphdef, params)
+    return uncertainty.split_outputs(
+        model(inputs['numbers'], inputs['missing'], inputs['codes']),
+        model.likelihood)
+  return jax.vmap(member)(state.params)
+
+
+def mixture(graphdef: nnx.GraphDef, layout: InputLayout, state: TrainState,
+            x_BxF: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(w_MxBxT, mean_MxBxT, var_MxBxT): the members' outputs and weights
+  (`uncertainty.member_weights`), standardised units."""
+  mean, var = member_outputs(graphdef, layout, state, x_BxF)
+  return uncertainty.member_weights(state.weights_M, mean, var), mean, var
+
+
+def predict(graphdef: nnx.GraphDef, layout: InputLayout, state: TrainState,
+            x_BxF: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(pred_BxT, std_BxT) of the ensemble in the targets' original units.
+
+  The std is the mixture's: members' variances and their disagreement (for
+  a squared-error model, the disagreement alone).
+  """
+  mean_z, var_z = uncertainty.mixture_moments(
+      *mixture(graphdef, layout, state, x_BxF))
+  return (state.stats.unstandardize_y(mean_z),
+          jnp.sqrt(var_z) * state.stats.y_std_T[None])
+
+
+def predict_interval(graphdef: nnx.GraphDef, layout: InputLayout,
+                     state: TrainState, x_BxF: jax.Array,
+                     probability: jax.Array | float
+                     ) -> tuple[jax.Array, jax.Array]:
+  """(lower_BxT, upper_BxT): the mixture's central `probability` interval,
+  original units."""
+  w, mean, var = mixture(graphdef, layout, state, x_BxF)
+  tail = 0.5 * (1.0 - probability)
+  return tuple(state.stats.unstandardize_y(
+      uncertainty.mixture_quantile(w, mean, var, q))
+               for q in (tail, 1.0 - tail))
 
 
 def encode(stats: FeatureStats, layout: InputLayout, batch: Batch) -> Batch:
@@ -76,45 +120,57 @@ def concatenated_norm(leaves: list[jax.Array]) -> jax.Array:
 
 
 def train_step(state: TrainState, batch_z: Batch, *,
-               graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-               log_every_steps: int, params_partitioned: bool = True
-               ) -> tuple[TrainState, jax.Array]:
-  """One optimizer step on the mean squared error in standardised units.
+               graphdef: nnx.GraphDef,
+               member_tx: Callable[[Hyperparameters],
+                                   optax.GradientTransformation],
+               log_every_steps: int, params_partitioned: bool = True,
+               dropout: bool = False) -> tuple[TrainState, jax.Array]:
+  """One optimizer step of every member on its own batch.
 
-  Train metrics accumulate in the state; they restart with the first step of
-  each logging window (steps after a multiple of `log_every_steps`).
+  The members are vmapped: each has its own parameters, optimizer state,
+  hyperparameters (`member_tx` builds its optimizer from them) and dropout
+  key, and trains on its own batch of standardised targets; nothing passes
+  between them. Train metrics (the mean over members whose loss is finite)
+  accumulate in the state; they restart with the first step of each logging
+  window (steps after a multiple of `log_every_steps`).
 
   Args:
     state: the train state.
-    batch_z: a batch as `encode` returns it (targets standardised).
-    graphdef: the model's structure.
-    tx: the optimizer.
+    batch_z: each member's batch as `encode` returns it (M x B x ...).
+    graphdef: one member's structure.
+    member_tx: a member's optimizer from its hyperparameters.
     log_every_steps: the train metrics' window.
     params_partitioned: some parameter may be split over the 'model' axis
       (see `global_norm`).
+    dropout: some member has a positive dropout rate (static).
 
   Returns:
-    The new state and this step's loss (a replicated scalar that the loop
-    uses to bound the steps in flight and to catch a non-finite loss).
+    The new state and this step's losses, one per member (replicated: the
+    loop uses them to bound the steps in flight and to catch a member, or
+    all, diverging).
   """
-  z_BxT = batch_z['y']
-  dropout_key = None
-  if nnx.merge(graphdef, state.params).dropout_rate > 0:  # static
-    dropout_key = jax.random.fold_in(jax.random.wrap_key_data(state.rng),
-                                     state.step)
+  def member(params, opt_state, hparams, rng, batch):
+    key = (jax.random.fold_in(jax.random.wrap_key_data(rng), state.step)
+           if dropout else None)
 
-  def loss_fn(params):
-    model = nnx.merge(graphdef, params)
-    pred_BxT = model(batch_z['numbers'], batch_z['missing'],
-                     batch_z['codes'], dropout_key=dropout_key)
-    return jnp.mean((pred_BxT - z_BxT)**2)
+    def loss_fn(params):
+      model = nnx.merge(graphdef, params)
+      out = model(batch['numbers'], batch['missing'], batch['codes'],
+                  dropout_key=key, dropout_rate=hparams.dropout_rate_M)
+      return uncertainty.member_loss(out, batch['y'], model.likelihood,
+                                     model.nll_beta)
 
-  loss, grads = jax.value_and_grad(loss_fn)(state.params)
-  updates, opt_state = tx.update(grads, state.opt_state, state.params)
-  params = optax.apply_updates(state.params, updates)
+    loss, grads = jax.value_and_grad(loss_fn)(params)
+    updates, opt_state = member_tx(hparams).update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state, loss,
+            global_norm(grads, params_partitioned))
+
+  params, opt_state, loss_M, grad_norm_M = jax.vmap(member)(
+      state.params, state.opt_state, state.hparams, state.rng_Mx2, batch_z)
 
   step_metrics = TrainMetrics.single_from_model_output(
-      loss=loss, grad_norm=global_norm(grads, params_partitioned))
+      loss=_finite_mean(loss_M, loss_M), grad_norm=_finite_mean(grad_norm_M,
+                                                                loss_M))
   empty = TrainMetrics.empty()
   new_window = state.step % log_every_steps == 0
   previous = jax.tree.map(lambda e, m: jnp.where(new_window, e, m),
@@ -122,13 +178,26 @@ def train_step(state: TrainState, batch_z: Batch, *,
   train_metrics = jax.tree.map(lambda m, e: m.astype(e.dtype),
                                previous.merge(step_metrics), empty)
   return state.replace(step=state.step + 1, params=params,
-                       opt_state=opt_state, train_metrics=train_metrics), loss
+                       opt_state=opt_state,
+                       train_metrics=train_metrics), loss_M
+
+
+def _finite_mean(values_M: jax.Array, loss_M: jax.Array) -> jax.Array:
+  """The mean of `values_M` over members whose loss is finite (NaN if
+  none is): a diverged member does not hide the others' progress."""
+  ok = jnp.isfinite(loss_M)
+  count = jnp.sum(ok)
+  return jnp.where(count > 0, jnp.sum(jnp.where(ok, values_M, 0.0))
+                   / jnp.maximum(count, 1), jnp.nan)
 
 
 def train_call(state: TrainState, table_z: Batch, chunk: Batch,
                num_steps: jax.Array, *, graphdef: nnx.GraphDef,
-               layout: InputLayout, tx: optax.GradientTransformation,
-               log_every_steps: int, batch_sharding: NamedSharding
+               layout: InputLayout,
+               member_tx: Callable[[Hyperparameters],
+                                   optax.GradientTransformation],
+               log_every_steps: int, batch_sharding: NamedSharding,
+               dropout: bool = False
                ) -> tuple[TrainState, jax.Array, TrainMetrics]:
   """`num_steps` optimizer steps (`train_step`) in one call.
 
@@ -141,68 +210,91 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
     state: the train state.
     table_z: the training table on every device, as `encode` returns it,
       when the chunk holds row indices; else `{}`.
-    chunk: from `feeding.TrainFeed`: either `idx` (K x B table rows) or
-      `x`, `y` (K x B rows in original units).
-    num_steps: how many of the chunk's K batches to train on (int32 scalar).
-    graphdef: the model's structure.
+    chunk: from `feeding.TrainFeed`: either `idx` (K x M x B table rows) or
+      `x`, `y` (K x M x B rows in original units).
+    num_steps: how many of the chunk's K steps to train (int32 scalar).
+    graphdef: one member's structure.
     layout: which input columns are numbers and which categories.
-    tx: the optimizer.
+    member_tx: a member's optimizer from its hyperparameters.
     log_every_steps: the train metrics' window.
-    batch_sharding: where each step's batch lives.
+    batch_sharding: where each step's batches (M x B) live.
+    dropout: some member has a positive dropout rate (static).
 
   Returns:
-    The new state, the losses of the steps (K of them; entries past
+    The new state, the members' losses of the steps (K x M; entries past
     `num_steps` are zero) and a copy of the new state's train metrics (read
     by the loop after the state itself has been donated to the next call).
   """
-  k = (chunk['idx'] if 'idx' in chunk else chunk['x']).shape[0]
+  k, m = (chunk['idx'] if 'idx' in chunk else chunk['x']).shape[:2]
   partitioned = batch_sharding.mesh.shape[sharding.MODEL] > 1
 
   def body(i, carry):
-    state, losses_K = carry
+    state, losses_KxM = carry
     if 'idx' in chunk:
-      idx_B = chunk['idx'][i]
-      batch_z = {name: a[idx_B] for name, a in table_z.items()}
+      idx_MxB = chunk['idx'][i]
+      batch_z = {name: a[idx_MxB] for name, a in table_z.items()}
     else:
-      batch_z = encode(state.stats, layout, {'x': chunk['x'][i],
-                                             'y': chunk['y'][i]})
+      x_MxBxF, y_MxBxT = chunk['x'][i], chunk['y'][i]
+      flat = encode(state.stats, layout, {
+          'x': x_MxBxF.reshape(-1, x_MxBxF.shape[-1]),
+          'y': y_MxBxT.reshape(-1, y_MxBxT.shape[-1])})
+      batch_z = {name: a.reshape(x_MxBxF.shape[:2] + a.shape[1:])
+                 for name, a in flat.items()}
     batch_z = jax.lax.with_sharding_constraint(batch_z, batch_sharding)
-    state, loss = train_step(state, batch_z, graphdef=graphdef, tx=tx,
-                             log_every_steps=log_every_steps,
-                             params_partitioned=partitioned)
-    return state, losses_K.at[i].set(loss)
+    state, loss_M = train_step(state, batch_z, graphdef=graphdef,
+                               member_tx=member_tx,
+                               log_every_steps=log_every_steps,
+                               params_partitioned=partitioned,
+                               dropout=dropout)
+    return state, losses_KxM.at[i].set(loss_M)
 
-  carry = (state, jnp.zeros((k,), jnp.float32))
+  carry = (state, jnp.zeros((k, m), jnp.float32))
   if k == 1:  # a call is never empty: no loop, and no copies it carries
-    state, losses_K = body(0, carry)
+    state, losses_KxM = body(0, carry)
   else:
-    state, losses_K = jax.lax.fori_loop(0, num_steps, body, carry)
-  return state, losses_K, state.train_metrics
+    state, losses_KxM = jax.lax.fori_loop(0, num_steps, body, carry)
+  return state, losses_KxM, state.train_metrics
 
 
 def eval_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
-              layout: InputLayout) -> RegressionSums:
-  """Sums of errors over the batch's real examples (original units)."""
-  pred_BxT = predict(graphdef, layout, state, batch['x'])
+              layout: InputLayout, distribution: bool = False
+              ) -> RegressionSums:
+  """Sums of errors over the batch's real examples (original units); with
+  `distribution` (a gaussian model), of the mixture's negative log density
+  and interval coverage too."""
+  w, mean, var = mixture(graphdef, layout, state, batch['x'])
+  mean_z, _ = uncertainty.mixture_moments(w, mean, var)
+  extra = {}
+  if distribution:
+    z_BxT = state.stats.standardize_y(batch['y'])
+    extra = {'log_density_z_BxT': uncertainty.mixture_log_density(
+        w, mean, var, z_BxT), 'covered_LxBxT': uncertainty.covered_LxBxT(
+            uncertainty.mixture_cdf(w, mean, var, z_BxT))}
   return RegressionSums.from_model_output(
-      pred_BxT=pred_BxT, y_BxT=batch['y'], mask_B=batch['mask'],
-      stats=state.stats)
+      pred_BxT=state.stats.unstandardize_y(mean_z), y_BxT=batch['y'],
+      mask_B=batch['mask'], stats=state.stats, **extra)
 
 
 def jit_train_step(graphdef: nnx.GraphDef, layout: InputLayout,
-                   tx: optax.GradientTransformation,
+                   member_tx: Callable[[Hyperparameters],
+                                       optax.GradientTransformation],
                    state_shardings: TrainState, mesh: Mesh,
-                   log_every_steps: int
+                   log_every_steps: int, dropout: bool = False
                    ) -> Callable[[TrainState, Batch],
                                  tuple[TrainState, jax.Array]]:
-  """One `train_step` on a batch of input columns and targets, jitted: state
-  donated, shardings pinned both ways (a reference for `train_call`)."""
-  batch = sharding.batch_sharding(mesh)
+  """One `train_step` on each member's batch of input columns and targets
+  (M x B x ...), jitted: state donated, shardings pinned both ways (a
+  reference for `train_call`)."""
+  batch = sharding.member_batch_sharding(mesh)
 
   def step(state, batch):
-    return train_step(state, encode(state.stats, layout, batch),
-                      graphdef=graphdef, tx=tx,
-                      log_every_steps=log_every_steps)
+    x, y = batch['x'], batch['y']
+    flat = encode(state.stats, layout, {'x': x.reshape(-1, x.shape[-1]),
+                                        'y': y.reshape(-1, y.shape[-1])})
+    batch_z = {name: a.reshape(x.shape[:2] + a.shape[1:])
+               for name, a in flat.items()}
+    return train_step(state, batch_z, graphdef=graphdef, member_tx=member_tx,
+                      log_every_steps=log_every_steps, dropout=dropout)
   return jax.jit(
       step,
       in_shardings=(state_shardings, {'x': batch, 'y': batch}),
@@ -211,21 +303,23 @@ def jit_train_step(graphdef: nnx.GraphDef, layout: InputLayout,
 
 
 def jit_train_call(graphdef: nnx.GraphDef, layout: InputLayout,
-                   tx: optax.GradientTransformation,
+                   member_tx: Callable[[Hyperparameters],
+                                       optax.GradientTransformation],
                    state_shardings: TrainState, mesh: Mesh,
-                   log_every_steps: int
+                   log_every_steps: int, dropout: bool = False
                    ) -> Callable[[TrainState, Batch, Batch, Any],
                                  tuple[TrainState, jax.Array, TrainMetrics]]:
   """`train_call` jitted once: state donated, shardings pinned both ways.
 
   The table keeps the sharding it arrives with (replicated); the chunk is
-  split over 'data' along the batch dimension (numpy chunks are placed so)
-  and `num_steps` (a numpy int32 will do) replicated.
+  split over 'members' and 'data' (numpy chunks are placed so) and
+  `num_steps` (a numpy int32 will do) replicated.
   """
   return jax.jit(
-      functools.partial(train_call, graphdef=graphdef, layout=layout, tx=tx,
-                        log_every_steps=log_every_steps,
-                        batch_sharding=sharding.batch_sharding(mesh)),
+      functools.partial(train_call, graphdef=graphdef, layout=layout,
+                        member_tx=member_tx, log_every_steps=log_every_steps,
+                        batch_sharding=sharding.member_batch_sharding(mesh),
+                        dropout=dropout),
       in_shardings=(state_shardings, None,
                     sharding.chunk_sharding(mesh),
                     sharding.replicated(mesh)),
@@ -242,27 +336,47 @@ def jit_encode(mesh: Mesh, layout: InputLayout
 
 
 def jit_eval_step(graphdef: nnx.GraphDef, layout: InputLayout,
-                  state_shardings: TrainState,
-                  mesh: Mesh) -> Callable[[TrainState, Batch], RegressionSums]:
+                  state_shardings: TrainState, mesh: Mesh,
+                  distribution: bool = False
+                  ) -> Callable[[TrainState, Batch], RegressionSums]:
   """`eval_step` jitted once; its sums come back replicated."""
   batch = sharding.batch_sharding(mesh)
   return jax.jit(
-      functools.partial(eval_step, graphdef=graphdef, layout=layout),
+      functools.partial(eval_step, graphdef=graphdef, layout=layout,
+                        distribution=distribution),
       in_shardings=(state_shardings,
                     {'x': batch, 'y': batch, 'mask': batch}),
       out_shardings=sharding.replicated(mesh))
 
 
 def jit_predict_step(graphdef: nnx.GraphDef, layout: InputLayout,
-                     state_shardings: TrainState,
-                     mesh: Mesh) -> Callable[[TrainState, jax.Array],
-                                             jax.Array]:
-  """`predict` jitted once; predictions come back replicated.
+                     state_shardings: TrainState, mesh: Mesh,
+                     interval: float | None = None
+                     ) -> Callable[[TrainState, jax.Array],
+                                   tuple[jax.Array, ...]]:
+  """`predict` jitted once: (pred_BxT, std_BxT), and with `interval` the
+  central interval's (lower_BxT, upper_BxT) too.
 
   Replicated, so that every process (process 0 writes the file) can read the
   whole batch's predictions on the host.
   """
-  return jax.jit(functools.partial(predict, graphdef, layout),
+  def step(state, x_BxF):
+    out = predict(graphdef, layout, state, x_BxF)
+    if interval is not None:
+      out += predict_interval(graphdef, layout, state, x_BxF, interval)
+    return out
+  return jax.jit(step, in_shardings=(state_shardings,
+                                     sharding.batch_sharding(mesh)),
+                 out_shardings=sharding.replicated(mesh))
+
+
+def jit_member_outputs(graphdef: nnx.GraphDef, layout: InputLayout,
+                       state_shardings: TrainState, mesh: Mesh
+                       ) -> Callable[[TrainState, jax.Array],
+                                     tuple[jax.Array, jax.Array]]:
+  """`member_outputs` jitted once (every member's, for choosing them);
+  replicated."""
+  return jax.jit(functools.partial(member_outputs, graphdef, layout),
                  in_shardings=(state_shardings,
                                sharding.batch_sharding(mesh)),
                  out_shardings=sharding.replicated(mesh))

@@ -1,8 +1,9 @@
 """The best step by validation, and when to stop looking for a better one.
 
 Rows held out of the training file (`data.hold_out`) are evaluated every
-`eval_every_steps`; their loss is the mean squared error in standardised
-units, averaged over the targets (the units of `train/loss`). The best step
+`eval_every_steps`; their loss is the model's loss in standardised units,
+averaged over the targets (the units of `train/loss`), after the ensemble's
+members are chosen on them (`meshfit/selection.py`). The best step
 is checkpointed and kept beside the newest checkpoints; with
 `early_stopping_evals`, training stops once that many evaluations in a row
 have not improved on it. The tracker's state goes into every checkpoint's
@@ -11,8 +12,6 @@ meta, so a resumed run stops where the uninterrupted run would have.
 
 import dataclasses
 import math
-
-import numpy as np
 
 
 @dataclasses.dataclass
@@ -58,10 +57,3 @@ class BestTracker:
     return cls(patience, data['best_step'],
                math.inf if loss is None else loss, data['evals_since_best'],
                data['stopped'])
-
-
-def standardized_loss(result: dict, y_std_T: np.ndarray,
-                      target_names: tuple[str, ...]) -> float:
-  """The mean over targets of each one's MSE in standardised units."""
-  return float(np.mean([result['targets'][name]['mse'] / float(std) ** 2
-                        for name, std in zip(target_names, y_std_T)]))

@@ -62,6 +62,11 @@ class MlpConfig:
     ple_bins: bins of the piecewise-linear encoding.
     numeric_embedding_dim: width of each number's embedding ('ple').
     category_embedding_dim: width of each category value's embedding.
+    ensemble_size: members trained as one program (the train state stacks
+      them; one Mlp is one member).
+    likelihood: 'squared_error' (the head predicts the targets) or
+      'gaussian' (it predicts their mean and a raw variance: 2 T outputs).
+    nll_beta: gaussian only: the beta of beta-NLL.
   """
   hidden_sizes: tuple[int, ...] = (128, 128)
   activation: str = 'relu'
@@ -72,6 +77,9 @@ class MlpConfig:
   ple_bins: int = 16
   numeric_embedding_dim: int = 16
   category_embedding_dim: int = 8
+  ensemble_size: int = 1
+  likelihood: str = 'squared_error'
+  nll_beta: float = 0.0
 
   def __post_init__(self):
     # ml_collections hands tuples over as lists after JSON round trips.
@@ -249,6 +257,9 @@ class Mlp(nnx.Module):
       inputs = InputShape(inputs)
     self.activation = ACTIVATIONS[config.activation]
     self.dropout_rate = config.dropout_rate
+    self.likelihood, self.nll_beta = config.likelihood, config.nll_beta
+    if config.likelihood == 'gaussian':
+      out_features *= 2  # a mean and a raw variance per target
     param_dtype = DTYPES[config.param_dtype]
     self.numbers = (embeddings.PiecewiseLinear(
         inputs.num_numbers, config.ple_bins, config.numeric_embedding_dim,
@@ -269,7 +280,8 @@ class Mlp(nnx.Module):
   def __call__(self, numbers_BxN: jax.Array,
                missing_BxM: jax.Array | None = None,
                codes_BxC: jax.Array | None = None,
-               dropout_key: jax.Array | None = None) -> jax.Array:
+               dropout_key: jax.Array | None = None,
+               dropout_rate: jax.Array | float | None = None) -> jax.Array:
     """Predicts targets.
 
     Args:
@@ -278,12 +290,17 @@ class Mlp(nnx.Module):
         had missing values in training), or None.
       codes_BxC: int32 category codes, or None.
       dropout_key: a PRNG key; dropout is applied only when one is given
-        and the rate is positive (i.e. in training).
+        (i.e. in training) and the rate is positive.
+      dropout_rate: the rate (a member's own, maybe traced); default the
+        config's.
 
     Returns:
-      y_BxT, the predictions, in float32 whatever the compute dtype (so the
+      y_BxT, the predictions (y_Bx2T for a gaussian likelihood: the means,
+      then the raw variances), in float32 whatever the compute dtype (so the
       loss is computed in float32).
     """
+    if dropout_rate is None:
+      dropout_rate = self.dropout_rate
     parts = [numbers_BxN if self.numbers is None
              else self.numbers(numbers_BxN)]
     if missing_BxM is not None and missing_BxM.shape[1]:
@@ -293,8 +310,8 @@ class Mlp(nnx.Module):
     h = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
     for i, layer in enumerate(self.hidden):
       h = self.activation(layer(h))
-      if dropout_key is not None and self.dropout_rate > 0:
-        keep = 1.0 - self.dropout_rate
+      if dropout_key is not None:
+        keep = 1.0 - dropout_rate
         mask = jax.random.bernoulli(
             jax.random.fold_in(dropout_key, i), keep, h.shape)
         h = jnp.where(mask, h / keep, 0.0)

@@ -33,15 +33,15 @@ def _chunks(feed, chunk_sizes=None, steps_per_call=1):
                      else chunk_sizes)
 
 
-def _batches(table, mesh, num, **kwargs):
-  """`num` streamed batches, one per chunk, as host arrays."""
+def _batches(table, mesh, num, member=0, **kwargs):
+  """`num` streamed batches of a member, one per chunk, as host arrays."""
   feed = _feed(table, mesh, **kwargs)
   try:
     chunks, out = _chunks(feed), []
     for _ in range(num):
       num_steps, chunk = next(chunks)
       assert num_steps == 1 and set(chunk) == {'x', 'y'}
-      out.append({k: np.asarray(chunk[k])[0] for k in ('x', 'y')})
+      out.append({k: np.asarray(chunk[k])[0, member] for k in ('x', 'y')})
     return out, feed.position
   finally:
     feed.close()
@@ -92,17 +92,17 @@ def test_restarting_at_a_position_continues_the_stream(table):
 
 def test_chunks_are_sharded_over_data_along_the_batch(table):
   mesh = sharding.make_mesh(4, 2)
-  for resident, name, shape in ((False, 'x', (3, 4, F)),
-                                (True, 'idx', (3, 4))):
+  for resident, name, shape in ((False, 'x', (3, 1, 4, F)),
+                                (True, 'idx', (3, 1, 4))):
     feed = _feed(table, mesh, steps_per_call=3, resident=resident)
     _, chunk = next(_chunks(feed, steps_per_call=3))
     feed.close()
-    assert feed.chunk_sharding.spec == P(None, 'data')
+    assert feed.chunk_sharding.spec == P(None, 'members', 'data')
     if resident:
       # One process: numpy indices, for the jitted call to place as
       # chunk_sharding says (several processes get global arrays).
       assert isinstance(chunk[name], np.ndarray)
-      assert chunk[name].shape == (3, 16)
+      assert chunk[name].shape == (3, 1, 16)
       chunk[name] = jax.device_put(chunk[name], feed.chunk_sharding)
     assert chunk[name].sharding == feed.chunk_sharding
     assert {s.data.shape for s in chunk[name].addressable_shards} == {shape}
@@ -140,8 +140,46 @@ def test_chunks_of_several_steps_hold_the_stream_in_order(table):
   feed = _feed(table, mesh, steps_per_call=4)
   chunks = list(feed.chunks([4, 4, 1]))
   feed.close()
-  joined = np.concatenate([np.asarray(c['y'])[:n] for n, c in chunks])
+  joined = np.concatenate([np.asarray(c['y'])[:n, 0] for n, c in chunks])
   np.testing.assert_array_equal(joined, np.stack([b['y'] for b in single]))
+
+
+def test_each_member_reads_its_own_stream(table):
+  """Member 0 reads the single model's stream; the others their own, each
+  an epoch of every example, whatever the number of members."""
+  mesh = sharding.make_mesh(8, 1)
+  single, _ = _batches(table, mesh, 25)
+  members = [_batches(table, mesh, 25, member=m, members=3)[0]
+             for m in range(3)]
+  ys = [np.concatenate([b['y'][:, 0] for b in batches]).astype(int)
+        for batches in [single, *members]]
+  np.testing.assert_array_equal(ys[1], ys[0])
+  assert not np.array_equal(ys[2], ys[1])
+  assert not np.array_equal(ys[3], ys[2])
+  for epoch in range(4):
+    assert sorted(ys[3][epoch * N:(epoch + 1) * N]) == list(range(N))
+  five, _ = _batches(table, mesh, 25, member=2, members=5)
+  np.testing.assert_array_equal(
+      np.concatenate([b['y'][:, 0] for b in five]).astype(int), ys[3])
+
+
+@pytest.mark.parametrize('members_axis, data', [(4, 2), (2, 2)])
+def test_member_batches_are_the_same_over_the_members_axis(table,
+                                                           members_axis,
+                                                           data):
+  reference = _feed(table, sharding.make_mesh(8, 1), members=4,
+                    steps_per_call=2)
+  mesh = sharding.make_mesh(data, 8 // (members_axis * data),
+                            members=members_axis)
+  feed = _feed(table, mesh, members=4, steps_per_call=2)
+  try:
+    (_, a), (_, b) = next(reference.chunks([2])), next(feed.chunks([2]))
+    np.testing.assert_array_equal(np.asarray(a['x']), np.asarray(b['x']))
+    assert {s.data.shape[1] for s in b['x'].addressable_shards} == {
+        4 // members_axis}
+  finally:
+    reference.close()
+    feed.close()
 
 
 @pytest.mark.parametrize('batch_size', [8, 24, 96, 104, 200])

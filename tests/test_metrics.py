@@ -2,13 +2,15 @@
 
 import numpy as np
 
-from meshfit import in_flight, metrics
+from meshfit import in_flight, metrics, uncertainty
 
 
 def _sums(count: float) -> metrics.RegressionSums:
   one = np.ones(2, np.float32)
-  return metrics.RegressionSums(count=np.float32(count), sse_T=one,
-                                sae_T=2 * one, sum_z_T=one, sum_z2_T=one)
+  return metrics.RegressionSums(
+      count=np.float32(count), sse_T=one, sae_T=2 * one, sum_z_T=one,
+      sum_z2_T=one, nll_z_T=one,
+      covered_LxT=np.ones((len(uncertainty.COVERAGE_LEVELS), 2), np.float32))
 
 
 def test_host_sum_adds_every_batch_with_at_most_two_in_flight(monkeypatch):

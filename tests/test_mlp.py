@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from configs import default
-from meshfit import (config as config_lib, runtime, sharding,
+from meshfit import (config as config_lib, optim, runtime, sharding,
                      state as state_lib, steps)
 from meshfit.errors import UsageError
 from meshfit.features import FeatureStats, InputLayout
@@ -83,15 +83,18 @@ def _train_losses(dtype: str, num_steps: int) -> tuple[np.ndarray, dict]:
   x_BxF = rng.standard_normal((256, 10)).astype(np.float32)
   y_Bx1 = (np.sin(x_BxF[:, :1]) + x_BxF[:, 1:2] ** 2).astype(np.float32)
   norm = FeatureStats.fit(setup.arch.layout, x_BxF, y_Bx1)
-  state = state_lib.create_train_state(setup.arch, setup.tx, mesh, 0, norm)
+  state = state_lib.create_train_state(
+      setup.arch, setup.tx, mesh, 0, norm,
+      optim.Hyperparameters.of(config_lib.parse(config)))
   train_step = steps.jit_train_step(setup.graphdef, setup.arch.layout,
-                                    setup.tx, setup.shardings, mesh,
+                                    setup.member_tx, setup.shardings, mesh,
                                     config.log_every_steps)
-  batch = {'x': jnp.asarray(x_BxF), 'y': jnp.asarray(y_Bx1)}
+  # One member's batch (M x B x ...).
+  batch = {'x': jnp.asarray(x_BxF)[None], 'y': jnp.asarray(y_Bx1)[None]}
   losses = []
   for _ in range(num_steps):
-    state, loss = train_step(state, batch)
-    losses.append(float(loss))
+    state, loss_M = train_step(state, batch)
+    losses.append(float(loss_M[0]))
   return np.array(losses), state.params
 
 
@@ -258,18 +261,20 @@ def _train_on_mesh(mesh, dtype: str, num_steps: int) -> tuple[np.ndarray,
   y_BxT = np.concatenate([np.sin(x_BxF[:, :1]), x_BxF[:, 1:2] ** 2],
                          axis=1).astype(np.float32)
   norm = FeatureStats.fit(setup.arch.layout, x_BxF, y_BxT)
-  state = state_lib.create_train_state(setup.arch, setup.tx, mesh, 0, norm)
+  state = state_lib.create_train_state(
+      setup.arch, setup.tx, mesh, 0, norm,
+      optim.Hyperparameters.of(config_lib.parse(config)))
   train_step = steps.jit_train_step(setup.graphdef, setup.arch.layout,
-                                    setup.tx, setup.shardings, mesh,
+                                    setup.member_tx, setup.shardings, mesh,
                                     config.log_every_steps)
-  batch_sharding = sharding.batch_sharding(mesh)
-  batch = {'x': jax.device_put(x_BxF, batch_sharding),
-           'y': jax.device_put(y_BxT, batch_sharding)}
+  batch_sharding = sharding.member_batch_sharding(mesh)
+  batch = {'x': jax.device_put(x_BxF[None], batch_sharding),
+           'y': jax.device_put(y_BxT[None], batch_sharding)}
   hlo = train_step.lower(state, batch).compile().as_text()
   losses = []
   for _ in range(num_steps):
-    state, loss = train_step(state, batch)
-    losses.append(float(loss))
+    state, loss_M = train_step(state, batch)
+    losses.append(float(loss_M[0]))
   return np.array(losses), hlo
 
 

@@ -24,12 +24,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_TIMEOUT_S = 300
 RTOL = 1e-5
 
-# The run every topology must reproduce. A constant learning rate does not
-# depend on num_train_steps, so a run given fewer steps is the same run
-# stopped early.
+# The run every topology must reproduce: an ensemble of two, one member per
+# host of a 2-process job (members x data x model = 2 x 2 x 2). A constant
+# learning rate does not depend on num_train_steps, so a run given fewer
+# steps is the same run stopped early.
 OVERRIDES = {
     'num_train_steps': 40,
     'model.hidden_sizes': (32, 32),
+    'model.ensemble_size': 2,
+    'mesh.members': 2,
     'optimizer.schedule': 'constant',
     'batch_size': 64,
     'eval_batch_size': 256,
@@ -267,7 +270,8 @@ def test_2x4_then_4x2_then_1x1_ends_as_the_unchanged_run(
   workdir = str(tmp_path / 'run')
   shutil.copytree(resumed_4x2, workdir)
   _one_process([f'--workdir={workdir}',
-                *_flags(data_dir, **{'mesh.model': 1})], devices=1)
+                *_flags(data_dir, **{'mesh.model': 1, 'mesh.members': 1})],
+               devices=1)
   _assert_same_run(workdir, reference)
 
 

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from meshfit import (call_plan, config as config_lib, data, feeding, runtime,
-                     sharding, state as state_lib, steps)
+from meshfit import (call_plan, config as config_lib, data, feeding, optim,
+                     runtime, sharding, state as state_lib, steps)
 from meshfit.features import FeatureStats, InputLayout
 
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
@@ -14,30 +14,35 @@ MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
 
 def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
             resident=True, steps_per_call=8):
-  """Losses of `num_steps` steps run in calls of `chunk_sizes` steps."""
+  """Losses of `num_steps` steps run in calls of `chunk_sizes` steps: steps
+  x members, or steps alone for a single model."""
+  config = config_lib.parse(config)
   layout = InputLayout.numbers(splits.train.x_NxF.shape[1])
-  setup = runtime.make_setup(config_lib.parse(config), layout,
-                             splits.train.y_NxT.shape[1], mesh=mesh)
+  setup = runtime.make_setup(config, layout, splits.train.y_NxT.shape[1],
+                             mesh=mesh)
   norm = FeatureStats.fit(layout, splits.train.x_NxF, splits.train.y_NxT)
   state = state_lib.create_train_state(setup.arch, setup.tx, mesh,
-                                       config.seed, norm)
-  step_fn = steps.jit_train_call(setup.graphdef, layout, setup.tx,
-                                 setup.shardings, mesh, config.log_every_steps)
+                                       config.seed, norm,
+                                       optim.Hyperparameters.of(config))
+  step_fn = steps.jit_train_call(setup.graphdef, layout, setup.member_tx,
+                                 setup.shardings, mesh, config.log_every_steps,
+                                 setup.dropout)
   if chunk_sizes is None:
     chunk_sizes = list(call_plan.plan_calls(0, num_steps, steps_per_call))
   assert sum(chunk_sizes) == num_steps
   feed = feeding.TrainFeed(
       splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
       seed=config.seed, mesh=mesh, steps_per_call=steps_per_call,
-      resident=resident)
+      resident=resident, members=config.model.ensemble_size)
   table_z = (steps.jit_encode(mesh, layout)(state.stats, feed.device_table())
              if resident else {})
   losses = []
   for n, chunk in feed.chunks(chunk_sizes):
-    state, losses_K, _ = step_fn(state, table_z, chunk, np.int32(n))
-    losses.extend(np.asarray(losses_K)[:n])
+    state, losses_KxM, _ = step_fn(state, table_z, chunk, np.int32(n))
+    losses.extend(np.asarray(losses_KxM)[:n])
   feed.close()
-  return np.array(losses), state
+  losses = np.array(losses)
+  return (losses[:, 0] if losses.shape[1] == 1 else losses), state
 
 
 @pytest.fixture(scope='module')
@@ -100,16 +105,18 @@ def test_one_step_per_call_matches_the_single_step(one_device_run):
   state = state_lib.create_train_state(
       setup.arch, setup.tx, mesh, config.seed,
       FeatureStats.fit(setup.arch.layout, splits.train.x_NxF,
-                       splits.train.y_NxT))
-  step_fn = steps.jit_train_step(setup.graphdef, setup.arch.layout, setup.tx,
-                                 setup.shardings, mesh, config.log_every_steps)
+                       splits.train.y_NxT),
+      optim.Hyperparameters.of(config_lib.parse(config)))
+  step_fn = steps.jit_train_step(setup.graphdef, setup.arch.layout,
+                                 setup.member_tx, setup.shardings, mesh,
+                                 config.log_every_steps)
   feed = feeding.TrainFeed(
       splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
       seed=config.seed, mesh=mesh, steps_per_call=1, resident=False)
   losses = []
   for _, chunk in feed.chunks([1] * 10):
-    state, loss = step_fn(state, {k: chunk[k][0] for k in ('x', 'y')})
-    losses.append(float(loss))
+    state, loss_M = step_fn(state, {k: chunk[k][0] for k in ('x', 'y')})
+    losses.append(float(loss_M[0]))
   feed.close()
   np.testing.assert_allclose(losses, expected[:10], rtol=1e-6)
 
@@ -130,7 +137,7 @@ def test_eval_step_matches_numpy(one_device_run):
   state = jax.device_put(state, setup.shardings)
   result = runtime.evaluate_table(setup, state, splits.eval, batch_size=24)
   pred = np.asarray(steps.predict(setup.graphdef, setup.arch.layout, state,
-                                  splits.eval.x_NxF))
+                                  splits.eval.x_NxF)[0])
   err = pred[:, 0] - splits.eval.y_NxT[:, 0]
   y = splits.eval.y_NxT[:, 0].astype(np.float64)
   assert result['num_examples'] == splits.eval.num_examples == 10_000
@@ -147,3 +154,53 @@ def test_global_norm_is_the_norm_of_all_leaves(partitioned):
   flat = np.concatenate([np.arange(12.0), np.ones(5), [-2.0]])
   got = jax.jit(lambda t: steps.global_norm(t, partitioned))(tree)
   np.testing.assert_allclose(got, np.linalg.norm(flat), rtol=1e-6)
+
+
+# An ensemble: members trained as one program.
+
+
+@pytest.fixture(scope='module')
+def ensemble_run(one_device_run):
+  config, splits, _ = one_device_run
+  config = config.copy_and_resolve_references()
+  config.model.ensemble_size = 4
+  mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
+  return config, splits, _losses(config, splits, mesh, 40)
+
+
+def test_members_differ_and_each_learns(ensemble_run):
+  _, _, (losses_KxM, state) = ensemble_run
+  assert losses_KxM.shape == (40, 4)
+  kernels = np.asarray(state.params['hidden'][0]['kernel'])
+  assert len({k.tobytes() for k in kernels}) == 4  # own initialisations
+  assert len({tuple(column) for column in losses_KxM.T}) == 4  # own data
+  assert (losses_KxM[-1] < 0.5 * losses_KxM[0]).all()
+
+
+def test_a_member_does_not_depend_on_the_others(one_device_run,
+                                                ensemble_run):
+  """Member 0 of four is the single model; member 1 of two is member 1 of
+  four: a member's result depends on (seed, member) alone."""
+  config, splits, (single, _) = one_device_run
+  _, _, (four, _) = ensemble_run
+  two_config = config.copy_and_resolve_references()
+  two_config.model.ensemble_size = 2
+  two, _ = _losses(two_config, splits,
+                   sharding.make_mesh(1, 1, jax.devices()[:1]), 40)
+  np.testing.assert_allclose(four[:, 0], single, rtol=1e-5)
+  np.testing.assert_allclose(four[:, :2], two, rtol=1e-5)
+
+
+@pytest.mark.parametrize('members, data, model', [(4, 2, 1), (2, 2, 2),
+                                                  (1, 8, 1)])
+def test_a_sharded_member_axis_equals_one_device(ensemble_run, members,
+                                                 data, model):
+  config, splits, (expected, _) = ensemble_run
+  config = config.copy_and_resolve_references()
+  config.mesh.members = members
+  mesh = sharding.make_mesh(data, model, members=members)
+  losses, state = _losses(config, splits, mesh, 40)
+  np.testing.assert_allclose(losses, expected, rtol=1e-5)
+  kernel = state.params['hidden'][0]['kernel']
+  assert {s.data.shape[0] for s in kernel.addressable_shards} == {
+      4 // members}

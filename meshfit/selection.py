@@ -1,0 +1,196 @@
+"""Which members make the model: chosen on the validation rows.
+
+Every member is scored on the rows held out of the training file, and
+`sweep.select` decides the weights of the ensemble's prediction:
+
+  all     every member alike (those whose outputs are finite)
+  best    the single best member
+  greedy  Caruana et al. (2004)'s ensemble selection: starting from none,
+          add (with replacement) the member that most improves the
+          ensemble, and keep the best ensemble seen; a member chosen twice
+          weighs twice as much.
+
+The loss is the training loss's, in standardised units averaged over the
+targets: the mean squared error of the ensemble's mean, or, for a model that
+predicts a distribution, the mixture's negative log-likelihood. Computed on
+the host in float64 from every member's predictions.
+"""
+
+import dataclasses
+import math
+
+import numpy as np
+from scipy.special import logsumexp
+
+# Greedy selection adds at most this many members (with replacement), and
+# stops after GREEDY_PATIENCE additions in a row that did not improve on
+# the best ensemble; Caruana et al. saw the gain level off well within a
+# hundred.
+MAX_GREEDY_ROUNDS = 100
+GREEDY_PATIENCE = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """The members chosen, and the numbers that chose them.
+
+  Attributes:
+    select: 'all', 'best' or 'greedy'.
+    weights_M: each member's weight (they sum to 1).
+    loss: the validation loss of the chosen ensemble.
+    member_losses_M: each member's own validation loss (inf: diverged).
+    all_loss: the loss of every finite member alike.
+  """
+  select: str
+  weights_M: np.ndarray
+  loss: float
+  member_losses_M: np.ndarray
+  all_loss: float
+
+  @property
+  def best_member(self) -> int:
+    return int(np.argmin(self.member_losses_M))
+
+  def chosen(self) -> dict[int, float]:
+    """{member: weight} of the members with a weight."""
+    return {int(m): float(self.weights_M[m])
+            for m in np.flatnonzero(self.weights_M > 0)}
+
+  def describe(self, hyperparameters=None) -> str:
+    """One line: what was chosen, how it compares, and the chosen members'
+    hyperparameters (those that differ between members)."""
+    members = len(self.weights_M)
+    chosen = self.chosen()
+    what = {'all': f'all {members} members alike',
+            'best': f'member {self.best_member} of {members}',
+            'greedy': 'members ' + ', '.join(
+                f'{m} ({w:.0%})' for m, w in chosen.items())
+                      + f' of {members}'}[self.select]
+    line = (f'{self.select} selection: {what}, validation loss '
+            f'{self.loss:.6g} (best member {self.best_member}: '
+            f'{self.member_losses_M[self.best_member]:.6g}; all alike: '
+            f'{self.all_loss:.6g})')
+    varying = [] if hyperparameters is None else hyperparameters.varying()
+    if varying and self.select != 'all':
+      line += '; ' + '; '.join(
+          f'member {m}: ' + ', '.join(
+              f'{k}={v:.3g}' for k, v in hyperparameters.member(m).items()
+              if k in varying)
+          for m in chosen)
+    return line
+
+  def to_json(self) -> dict:
+    return {'select': self.select,
+            'members': {str(m): w for m, w in self.chosen().items()},
+            'validation_loss': self.loss,
+            'best_member': self.best_member,
+            'best_member_loss': float(self.member_losses_M[self.best_member]),
+            'all_members_loss': self.all_loss}
+
+
+def _log_density(mean, var, z):
+  return -0.5 * (np.log(2 * np.pi * var) + (z - mean)**2 / var)
+
+
+class _Scorer:
+  """Losses of weighted ensembles of the members (float64)."""
+
+  def __init__(self, mean_MxNxT: np.ndarray, var_MxNxT: np.ndarray,
+               z_NxT: np.ndarray, distribution: bool):
+    self.distribution = distribution
+    self.mean = mean_MxNxT.astype(np.float64)
+    self.z = z_NxT.astype(np.float64)
+    with np.errstate(all='ignore'):
+      finite = (np.isfinite(self.mean).all(axis=(1, 2))
+                & np.isfinite(var_MxNxT).all(axis=(1, 2)))
+      if distribution:
+        self.log_p = _log_density(self.mean, var_MxNxT.astype(np.float64),
+                                  self.z[None])
+        finite &= np.isfinite(self.log_p).all(axis=(1, 2))
+    self.finite_M = finite
+
+  def of_sum(self, total, count):
+    """The loss of the ensemble whose sum of statistics over `count`
+    members (with repeats) is `total` (vectorised over leading axes)."""
+    if self.distribution:  # total: log of the summed densities
+      return -np.mean(total - np.log(count), axis=(-2, -1))
+    return np.mean(np.mean((total / count - self.z)**2, axis=-2), axis=-1)
+
+  def member_stats(self):
+    """Each member's statistic, summed across an ensemble."""
+    return self.log_p if self.distribution else self.mean
+
+  def add(self, total, stats):
+    if self.distribution:
+      return np.logaddexp(total, stats)
+    return total + stats
+
+  def of_weights(self, weights_M: np.ndarray) -> float:
+    used = weights_M > 0
+    if not used.any():
+      return math.inf
+    w = weights_M[used] / weights_M[used].sum()
+    stats = self.member_stats()[used]
+    if self.distribution:
+      return float(-np.mean(logsumexp(stats, axis=0, b=w[:, None, None])))
+    return float(self.of_sum(np.tensordot(w, stats, axes=1), 1.0))
+
+
+def choose(select: str, mean_MxNxT: np.ndarray, var_MxNxT: np.ndarray,
+           z_NxT: np.ndarray, distribution: bool) -> Choice:
+  """The weights of the members by `select`, from their validation outputs.
+
+  Args:
+    select: 'all', 'best' or 'greedy'.
+    mean_MxNxT: each member's predicted means (standardised units).
+    var_MxNxT: their variances (0 without a distribution).
+    z_NxT: the standardised validation targets.
+    distribution: score the mixture's NLL, not the mean's squared error.
+  """
+  scorer = _Scorer(mean_MxNxT, var_MxNxT, z_NxT, distribution)
+  members = len(scorer.finite_M)
+  stats = scorer.member_stats()
+  losses = np.full(members, math.inf)
+  for m in np.flatnonzero(scorer.finite_M):
+    losses[m] = scorer.of_sum(stats[m], 1.0)
+  alike = scorer.finite_M.astype(np.float64)
+  if not alike.any():  # every member diverged: nothing to choose
+    alike[:] = 1.0
+  alike /= alike.sum()
+  all_loss = scorer.of_weights(alike)
+  if select == 'all':
+    weights, loss = alike, all_loss
+  elif select == 'best':
+    weights = np.zeros(members)
+    weights[int(np.argmin(losses))] = 1.0
+    loss = float(np.min(losses))
+  else:
+    weights, loss = _greedy(scorer, losses)
+  return Choice(select, weights.astype(np.float32), float(loss), losses,
+                float(all_loss))
+
+
+def _greedy(scorer: _Scorer, losses_M: np.ndarray
+            ) -> tuple[np.ndarray, float]:
+  """Caruana's forward selection with replacement; the best bag seen."""
+  members = len(losses_M)
+  stats = scorer.member_stats()
+  ok = scorer.finite_M
+  counts = np.zeros(members)
+  first = int(np.argmin(losses_M))
+  counts[first], total = 1, stats[first]
+  best_counts, best_loss = counts.copy(), float(losses_M[first])
+  since_best = 0
+  for size in range(2, MAX_GREEDY_ROUNDS + 1):
+    candidates = scorer.of_sum(scorer.add(total[None], stats), float(size))
+    candidates = np.where(ok, candidates, math.inf)
+    m = int(np.argmin(candidates))
+    counts[m] += 1
+    total = scorer.add(total, stats[m])
+    if candidates[m] < best_loss - 1e-12:
+      best_counts, best_loss, since_best = counts.copy(), float(candidates[m]), 0
+    else:
+      since_best += 1
+      if since_best >= GREEDY_PATIENCE:
+        break
+  return best_counts / best_counts.sum(), best_loss

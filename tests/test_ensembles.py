@@ -1,0 +1,174 @@
+"""Many models in one program: ensembles, uncertainty and sweeps, end to end."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from cli_helpers import run_train
+from meshfit import evaluate, loop, predict, writers
+from meshfit.errors import UsageError
+
+
+def _ensemble_config(data_dir):
+  """Four gaussian members, two learning rates, chosen greedily on
+  validation rows, over a 2 x 2 x 2 mesh."""
+  from configs import default  # noqa: PLC0415
+  config = default.get_config()
+  config.dataset.data_dir = data_dir
+  config.dataset.validation_fraction = 0.2
+  config.model.hidden_sizes = (32, 32)
+  config.model.ensemble_size = 4
+  config.model.likelihood = 'gaussian'
+  config.sweep.learning_rates = (3e-3, 1e-2)
+  config.sweep.select = 'greedy'
+  config.mesh.members = 2
+  config.mesh.model = 2
+  config.batch_size = 64
+  config.eval_batch_size = 512
+  config.num_train_steps = 60
+  config.log_every_steps = 10
+  config.eval_every_steps = 20
+  config.checkpoint_every_steps = 20
+  config.optimizer.warmup_steps = 10
+  config.optimizer.schedule = 'constant'
+  config.plots = False
+  return config
+
+
+def _records(workdir, key):
+  return {r['step']: r[key]
+          for r in writers.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+          if key in r}
+
+
+@pytest.fixture(scope='module')
+def ensemble(tmp_path_factory, data_dir):
+  config = _ensemble_config(data_dir)
+  workdir = str(tmp_path_factory.mktemp('ensemble'))
+  final = loop.train_and_evaluate(config, workdir)
+  return config, workdir, final
+
+
+def test_the_run_says_which_members_it_chose(ensemble):
+  config, workdir, final = ensemble
+  assert final['step'] in (20, 40, 60)
+  members = final['members']
+  assert members and set(members) <= {'0', '1', '2', '3'}
+  assert sum(m['weight'] for m in members.values()) == pytest.approx(1.0)
+  for m in members.values():
+    assert m['learning_rate'] in (pytest.approx(3e-3), pytest.approx(1e-2))
+  # The chosen ensemble scores its own loss, never worse than its best
+  # member's, both logged at every evaluation.
+  chosen, best = (_records(workdir, 'val/loss'),
+                  _records(workdir, 'val/loss_best_member'))
+  assert sorted(chosen) == [20, 40, 60]
+  assert all(chosen[s] <= best[s] + 1e-9 for s in chosen)
+  assert final['val_loss'] == pytest.approx(min(chosen.values()))
+  # Per example, in the target's units: a probability model's metrics.
+  assert np.isfinite(final['nll'])
+  assert 0.5 < final['coverage_90'] <= 1.0
+
+
+def test_resume_with_members_is_bit_exact(ensemble, data_dir, tmp_path):
+  config, whole, _ = ensemble
+  parts = str(tmp_path / 'parts')
+  first = config.copy_and_resolve_references()
+  first.num_train_steps = 40
+  loop.train_and_evaluate(first, parts)
+  # As if killed after step 40 having saved only step 20 (and the best).
+  shutil.rmtree(os.path.join(parts, 'checkpoints', '40'))
+  final = loop.train_and_evaluate(config, parts)
+  for key in ('train/loss', 'val/loss', 'val/loss_best_member',
+              'eval/rmse'):
+    assert _records(parts, key) == _records(whole, key), key
+  assert final['members'] == ensemble[2]['members']
+
+
+def test_eval_reports_nll_coverage_and_draws_calibration(ensemble, tmp_path):
+  config, workdir, final = ensemble
+  config = config.copy_and_resolve_references()
+  config.plots = True
+  result = evaluate.evaluate(config, workdir)
+  assert result['step'] == final['step']
+  for key in ('nll', 'coverage_50', 'coverage_90', 'coverage_95'):
+    assert result[key] == pytest.approx(final[key], rel=1e-5), key
+  assert result['coverage_50'] <= result['coverage_90'] <= (
+      result['coverage_95'])
+  assert result['coverage']['0.9'] == result['coverage_90']
+  assert result['members'] == final['members']
+  png = os.path.join(workdir, 'eval', f'step_{result["step"]}_calibration.png')
+  with open(png, 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  with open(os.path.join(workdir, 'eval',
+                         f'step_{result["step"]}.json')) as f:
+    assert json.load(f)['nll'] == result['nll']
+
+
+def _predict(workdir, input_path, output, devices, *extra):
+  run_train('--mode=predict', f'--workdir={workdir}', f'--input={input_path}',
+            f'--output={output}', *extra, devices=devices, check=0)
+  return pd.read_csv(output)
+
+
+def test_predict_writes_std_and_interval_alike_on_8_devices_and_1(
+    ensemble, tmp_path):
+  _, workdir, _ = ensemble
+  rng = np.random.default_rng(0)
+  x = pd.DataFrame(rng.uniform(size=(37, 10)),
+                   columns=[f'x{i}' for i in range(10)])
+  input_path = str(tmp_path / 'x.csv')
+  x.to_csv(input_path, index=False)
+  eight = _predict(workdir, input_path, str(tmp_path / 'p8.csv'), 8,
+                   '--interval=0.9')
+  one = _predict(workdir, input_path, str(tmp_path / 'p1.csv'), 1,
+                 '--interval=0.9')
+  assert list(eight.columns) == ['y_pred', 'y_std', 'y_lower', 'y_upper']
+  assert len(eight) == 37
+  np.testing.assert_allclose(eight.to_numpy(), one.to_numpy(), rtol=1e-5,
+                             atol=1e-6)
+  assert (eight['y_std'] > 0).all()
+  assert (eight['y_lower'] < eight['y_pred']).all()
+  assert (eight['y_pred'] < eight['y_upper']).all()
+  plain = _predict(workdir, input_path, str(tmp_path / 'p.csv'), 8)
+  assert list(plain.columns) == ['y_pred', 'y_std']
+  np.testing.assert_allclose(plain['y_pred'], eight['y_pred'], rtol=1e-6)
+
+
+def test_an_interval_of_a_model_without_a_distribution_is_refused(
+    small_config, tmp_path):
+  workdir = str(tmp_path / 'run')
+  loop.train_and_evaluate(small_config, workdir)
+  x = pd.DataFrame(np.zeros((2, 10)), columns=[f'x{i}' for i in range(10)])
+  x.to_csv(tmp_path / 'x.csv', index=False)
+  with pytest.raises(UsageError, match='predicts no distribution'):
+    predict.predict(small_config, workdir, str(tmp_path / 'x.csv'),
+                    str(tmp_path / 'p.csv'), interval=0.9)
+  assert not os.path.exists(tmp_path / 'p.csv')
+  proc = run_train('--mode=predict', f'--workdir={workdir}',
+                   f'--input={tmp_path / "x.csv"}',
+                   f'--output={tmp_path / "p.csv"}', '--interval=1.5')
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      'error: --interval=1.5 is not a probability')
+
+
+def test_a_diverging_member_is_left_out_and_the_others_train_on(
+    small_config, tmp_path, absl_caplog):
+  config = small_config
+  config.dataset.validation_fraction = 0.2
+  config.model.ensemble_size = 2
+  config.sweep.learning_rates = (1e-2, 1e9)
+  config.sweep.select = 'all'
+  config.optimizer.grad_clip_norm = 0.0
+  config.optimizer.schedule = 'constant'
+  final = loop.train_and_evaluate(config, str(tmp_path))
+  warnings = [r.getMessage() for r in absl_caplog.records
+              if 'diverged' in r.getMessage()]
+  assert len(warnings) == 1 and warnings[0].startswith('Member 1 (')
+  assert 'learning_rate=1e+09' in warnings[0]
+  assert np.isfinite(final['rmse']) and final['r2'] > 0.5
+  assert list(final['members']) == ['0']

@@ -1,0 +1,88 @@
+"""Choosing an ensemble's members on validation rows."""
+
+import math
+
+import numpy as np
+import pytest
+
+from meshfit import optim, selection
+
+N, T = 400, 1
+
+
+def _members(noise_scales, seed=0):
+  """Members predicting z plus independent noise of the given scales."""
+  rng = np.random.default_rng(seed)
+  z = rng.normal(size=(N, T))
+  mean = np.stack([z + s * rng.normal(size=(N, T)) for s in noise_scales])
+  return mean.astype(np.float32), np.zeros_like(mean), z.astype(np.float32)
+
+
+def test_best_picks_the_lowest_loss():
+  mean, var, z = _members([0.5, 0.1, 0.3])
+  choice = selection.choose('best', mean, var, z, distribution=False)
+  assert choice.chosen() == {1: 1.0}
+  assert choice.loss == pytest.approx(choice.member_losses_M[1])
+  np.testing.assert_allclose(choice.member_losses_M,
+                             np.mean((mean - z)**2, axis=(1, 2)), rtol=1e-5)
+
+
+def test_all_weighs_every_member_alike():
+  mean, var, z = _members([0.5, 0.1, 0.3])
+  choice = selection.choose('all', mean, var, z, distribution=False)
+  np.testing.assert_allclose(choice.weights_M, [1 / 3] * 3, rtol=1e-6)
+  assert choice.loss == pytest.approx(
+      np.mean((mean.mean(axis=0) - z)**2), rel=1e-5)
+
+
+def test_greedy_averages_good_members_and_leaves_a_bad_one_out():
+  # Four members with independent errors: their average beats each; a
+  # fifth, far worse, only hurts.
+  mean, var, z = _members([0.3, 0.3, 0.3, 0.3, 3.0])
+  choice = selection.choose('greedy', mean, var, z, distribution=False)
+  assert 4 not in choice.chosen()
+  assert len(choice.chosen()) >= 3
+  assert choice.loss < choice.member_losses_M.min()
+  assert choice.loss <= choice.all_loss
+  assert choice.weights_M.sum() == pytest.approx(1.0)
+  # The loss reported is the chosen weights' own.
+  ensemble = np.tensordot(choice.weights_M, mean, axes=1)
+  assert choice.loss == pytest.approx(np.mean((ensemble - z)**2), rel=1e-4)
+
+
+def test_greedy_scores_a_distribution_by_its_nll():
+  rng = np.random.default_rng(1)
+  z = rng.normal(size=(N, T)).astype(np.float32)
+  mean = np.zeros((3, N, T), np.float32)
+  # Member 0 is calibrated (unit variance); 1 and 2 are over-confident.
+  var = np.stack([np.ones((N, T)), np.full((N, T), 0.05),
+                  np.full((N, T), 0.1)]).astype(np.float32)
+  choice = selection.choose('greedy', mean, var, z, distribution=True)
+  nll0 = np.mean(0.5 * np.log(2 * np.pi) + 0.5 * z**2)
+  assert choice.member_losses_M[0] == pytest.approx(nll0, rel=1e-5)
+  assert choice.best_member == 0
+  assert choice.loss <= choice.member_losses_M[0] + 1e-9
+
+
+def test_diverged_members_are_never_chosen():
+  mean, var, z = _members([0.5, 0.1, 0.3])
+  mean[1] = np.nan
+  for select in ('best', 'greedy', 'all'):
+    choice = selection.choose(select, mean, var, z, distribution=False)
+    assert 1 not in choice.chosen(), select
+    assert math.isinf(choice.member_losses_M[1])
+    assert math.isfinite(choice.loss)
+
+
+def test_the_choice_says_what_was_chosen_and_why():
+  mean, var, z = _members([0.5, 0.1, 0.3, 0.2])
+  hparams = optim.Hyperparameters(
+      np.array([1e-3, 1e-2, 1e-3, 1e-2], np.float32),
+      np.zeros(4, np.float32), np.zeros(4, np.float32))
+  line = selection.choose('best', mean, var, z, False).describe(hparams)
+  assert line.startswith('best selection: member 1 of 4, validation loss ')
+  assert 'member 1: learning_rate=0.01' in line
+  assert 'weight_decay' not in line  # the same for every member
+  record = selection.choose('greedy', mean, var, z, False).to_json()
+  assert record['select'] == 'greedy' and record['best_member'] == 1
+  assert sum(record['members'].values()) == pytest.approx(1.0)
