@@ -265,6 +265,8 @@ class _Evaluations:
     self._step = steps.jit_eval_step(setup.graphdef, setup.arch.layout,
                                      setup.shardings, setup.mesh,
                                      setup.distribution)
+    self._member_step = steps.jit_member_outputs(
+        setup.graphdef, setup.arch.layout, setup.shardings, setup.mesh)
     self._weights = sharding.member_sharding(setup.mesh)
     self._hparams = optim.Hyperparameters.of(config)
     self.best_state = None  # a device copy of the best step's state
@@ -281,7 +283,8 @@ class _Evaluations:
     weights `sweep.select` gives them."""
     validation = self._splits.validation
     mean, var = runtime.member_outputs(self._setup, state, validation.x_NxF,
-                                       self._config.eval_batch_size)
+                                       self._config.eval_batch_size,
+                                       self._member_step)
     stats = jax.device_get(state.stats)
     z = (validation.y_NxT - stats.y_mean_T) / stats.y_std_T
     previous, self.choice = self.choice, selection.choose(

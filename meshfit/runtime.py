@@ -161,12 +161,17 @@ def predict_table(setup: Setup, state: state_lib.TrainState,
 
 
 def member_outputs(setup: Setup, state: state_lib.TrainState,
-                   x_NxF: np.ndarray, batch_size: int
+                   x_NxF: np.ndarray, batch_size: int, step=None
                    ) -> tuple[np.ndarray, np.ndarray]:
   """Every member's (mean_MxNxT, var_MxNxT), standardised units (to choose
-  members on validation rows)."""
-  step = steps.jit_member_outputs(setup.graphdef, setup.arch.layout,
-                                  setup.shardings, setup.mesh)
+  members on validation rows).
+
+  `step` is `steps.jit_member_outputs` of this set-up when the caller
+  calls this often (a new one traces and lowers again).
+  """
+  if step is None:
+    step = steps.jit_member_outputs(setup.graphdef, setup.arch.layout,
+                                    setup.shardings, setup.mesh)
   outputs = _over_batches(setup, x_NxF, batch_size, lambda x: step(state, x))
   n = x_NxF.shape[0]
   return tuple(np.concatenate([o[i] for o in outputs], axis=1)[:, :n]

@@ -98,7 +98,8 @@ def graphdef(arch: Architecture) -> nnx.GraphDef:
   return nnx.split(_abstract_model(arch), nnx.Param)[0]
 
 
-def _init(arch: Architecture, tx: optax.GradientTransformation, seed: int,
+def _init(arch: Architecture, tx: optax.GradientTransformation,
+          seed: int | jax.Array,
           stats: FeatureStats, hparams: Hyperparameters) -> TrainState:
   m = arch.num_members
   keys_M = jax.vmap(lambda i: member_key(seed, i))(jnp.arange(m))
@@ -189,6 +190,8 @@ def create_train_state(arch: Architecture, tx: optax.GradientTransformation,
     stats: the training split's statistics.
     hparams: each member's hyperparameters (`Hyperparameters.of(config)`).
   """
-  init = jax.jit(lambda s, h: _init(arch, tx, seed, s, h),
+  # The seed is an argument, not a constant of the program, so that runs
+  # with other seeds reuse its compilation (from the persistent cache).
+  init = jax.jit(lambda seed, s, h: _init(arch, tx, seed, s, h),
                  out_shardings=state_shardings(arch, tx, mesh))
-  return init(jax.tree.map(jnp.asarray, stats), hparams)
+  return init(np.int32(seed), jax.tree.map(jnp.asarray, stats), hparams)

@@ -40,44 +40,42 @@ def toy(tmp_path):
   return data, train_idx, test_idx
 
 
-def test_choices_use_training_rows_only_and_the_test_split_once(
+def test_one_sweep_per_split_chooses_on_training_rows_and_tests_once(
     toy, tmp_path, monkeypatch):
   data, train_idx, test_idx = toy
   calls = []
 
-  def fake_train(config, workdir, train_path, eval_path, num_steps,
-                 eval_every):
+  def fake_train(config, workdir, train_path, eval_path):
     rows = lambda path: set(pd.read_csv(path)['x0'].astype(int))  # noqa: E731
-    calls.append(dict(train=rows(train_path), eval=rows(eval_path),
-                      lr=config.optimizer.learning_rate,
-                      wd=config.optimizer.weight_decay, steps=num_steps,
-                      batch=config.batch_size))
-    # The validation curve is lowest for lr 0.1, wd 0.5 at step 30.
-    best = (config.optimizer.learning_rate == 0.1
-            and config.optimizer.weight_decay == 0.5)
-    return [(s, (0.5 if best and s == 30 else 1.0) + s / 1e4)
-            for s in range(eval_every, num_steps + 1, eval_every)]
+    calls.append(dict(config=config, train=rows(train_path),
+                      eval=rows(eval_path)))
+    return {'rmse': 1.5, 'nll': 0.25, 'coverage_90': 0.9, 'step': 60,
+            'members': {'3': {'weight': 1.0}}}
 
   monkeypatch.setattr(uci, 'train', fake_train)
   search = uci.Search(learning_rates=(0.01, 0.1), weight_decays=(0.0, 0.5),
-                      max_steps=100, evals_per_run=10, holdout=0.2)
+                      seeds=3, max_steps=100, evals_per_run=10, holdout=0.2,
+                      nll_beta=0.5)
   (tmp_path / 'scratch').mkdir()
   result = uci.run_split(data, 0, search, str(tmp_path / 'scratch'))
 
-  *validation, final = calls
-  assert len(validation) == 4  # the whole grid
-  held_out = set(train_idx[32:])  # the last 20% of the 40 training rows
-  for call in validation:
-    assert call['eval'] == held_out
-    assert call['train'] == set(train_idx[:32])
-    assert not (call['train'] | call['eval']) & set(test_idx)
-  assert final['train'] == set(train_idx) and final['eval'] == set(test_idx)
-  assert (result.learning_rate, result.weight_decay) == (0.1, 0.5)
-  # Step 30 of batches of `batch` rows on 32 rows, in epochs; the final run
-  # trains as many epochs on all 40 training rows.
-  assert result.epochs == pytest.approx(30 * final['batch'] / 32)
-  assert final['steps'] == round(result.epochs * 40 / final['batch'])
-  assert (final['lr'], final['wd']) == (0.1, 0.5)
+  (call,) = calls  # one run per split: the whole grid as one sweep
+  assert call['train'] == set(train_idx) and call['eval'] == set(test_idx)
+  config = call['config']
+  # meshfit holds the validation rows out of the training file itself, so
+  # the members and the step are chosen on training rows only.
+  assert config.dataset.validation_fraction == 0.2
+  assert config.model.ensemble_size == 12
+  assert config.sweep.learning_rates == (0.01, 0.1)
+  assert config.sweep.weight_decays == (0.0, 0.5)
+  assert config.sweep.select == 'greedy'
+  assert config.model.likelihood == 'gaussian'
+  assert config.model.nll_beta == 0.5
+  assert config.model.hidden_sizes == (4,)
+  assert config.num_train_steps == 100 and config.eval_every_steps == 10
+  assert config.seed == 0
+  assert (result.test_rmse, result.test_nll, result.coverage_90,
+          result.step) == (1.5, 0.25, 0.9, 60)
 
 
 def test_mean_and_standard_error():
@@ -88,34 +86,48 @@ def test_mean_and_standard_error():
 
 @pytest.mark.skipif(not os.path.isdir(os.path.join(UCI_DIR, 'yacht')),
                     reason='the UCI data sets are not in ../shared')
-def test_two_yacht_splits_end_to_end_beat_least_squares(tmp_path):
+def test_two_yacht_splits_end_to_end_report_nll_and_beat_least_squares(
+    tmp_path):
   out = tmp_path / 'results.json'
   env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='')
   proc = subprocess.run(
       [sys.executable, 'benchmarks/uci.py', '--datasets=yacht', '--splits=2',
-       '--learning_rates=1e-2', '--weight_decays=0,0.3', '--max_steps=1500',
-       '--evals_per_run=5', f'--output={out}'],
+       '--learning_rates=1e-2', '--weight_decays=0', '--seeds=2',
+       '--max_steps=1500', '--evals_per_run=5', f'--output={out}'],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   results = json.loads(out.read_text())
   assert set(results) == {'yacht'}
-  assert set(results['yacht']) == {'rmse_mean', 'rmse_se', 'n_splits'}
-  assert results['yacht']['n_splits'] == 2
-  assert results['yacht']['rmse_se'] > 0
-  # Least squares scores 8.97 on these splits; a working MLP far less.
-  assert results['yacht']['rmse_mean'] < 8.97 / 2
+  r = results['yacht']
+  assert set(r) == {'rmse_mean', 'rmse_se', 'nll_mean', 'nll_se',
+                    'coverage_90_mean', 'n_splits', 'cpu_seconds'}
+  assert r['n_splits'] == 2 and r['rmse_se'] > 0 and r['nll_se'] > 0
+  # Least squares scores 8.97 on these splits; a working MLP far less, and
+  # a Gaussian that fits them has a density well above PBP's.
+  assert r['rmse_mean'] < 8.97 / 2
+  assert r['nll_mean'] < 1.63
+  assert 0.5 < r['coverage_90_mean'] <= 1.0
   table = [line for line in proc.stdout.splitlines() if line.startswith('|')]
-  assert table[0].startswith('| data set | splits | meshfit | PBP |')
-  mean, se = results['yacht']['rmse_mean'], results['yacht']['rmse_se']
-  assert table[2].startswith(f'| yacht | 2 | {uci._mean_se(mean, se)} | '
-                             '1.02 ± 0.05 | 1.11 ± 0.38 | 1.23 | 8.97 | yes |')
+  assert table[0].startswith('| data set | splits | NLL | Deep Ens. |')
+  assert table[2].startswith(
+      f'| yacht | 2 | {uci._nll(r["nll_mean"], r["nll_se"])} | 1.18 |')
 
 
-def test_table_rounds_small_errors_to_three_significant_digits():
+def test_table_rounds_small_errors_and_marks_references_not_reached():
   table = uci.markdown_table({'naval': dict(
-      rmse_mean=0.000443, rmse_se=0.0000123, n_splits=20, seconds=60,
-      cpu_seconds=50)})
-  assert '| naval | 20 | 0.000443 ± 0.000012 | 0.01 ± 0.00 |' in table
-  assert '| 0.00173 | 0.0059 | yes | beats | 1.0 min (0.8) |' in table
-  assert 'Beats OLS on 1 of 1; matches or beats the single-network re-run ' \
-         'on 1 of 1.' in table
+      rmse_mean=0.000443, rmse_se=0.0000123, nll_mean=-5.5, nll_se=0.04,
+      coverage_90_mean=0.9, n_splits=20, seconds=60, cpu_seconds=50)})
+  assert ('| naval | 20 | -5.50 ± 0.04 | -5.63 (worse) | -4.45 | -3.73 | '
+          '-5.34 | 90.0% | 0.000443 ± 0.000012 | 0.000495 | 0.01 ± 0.00 | '
+          '1.0 min (0.8) |') in table
+  assert "Deep Ensembles' on 0 of 1 and at or below MC dropout's on 1 of 1" \
+      in table
+
+
+def test_verdicts_compare_at_the_published_decimals():
+  r = dict(nll_mean=2.4149, rmse_mean=2.96)
+  assert uci.verdicts('boston', r) == {
+      'nll_vs_de': True, 'nll_vs_mc': False, 'rmse_vs_before': True}
+  r = dict(nll_mean=2.4151, rmse_mean=2.97)
+  assert uci.verdicts('boston', r) == {
+      'nll_vs_de': False, 'nll_vs_mc': False, 'rmse_vs_before': False}
