@@ -24,8 +24,6 @@ the SavedModel: training and the other modes never pay for them.
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.metadata
 import json
 import os
 import shutil
@@ -40,28 +38,21 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from input_pipeline import column_plan, csv_regression
 from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.errors import DataError
-from meshfit import (checkpointing, config as config_lib, data, export_tf,
-                     predict, runtime, sharding, state as state_lib, steps)
+from meshfit import (checkpointing, config as config_lib, export_tf,
+                     model_card, predict, runtime, sharding,
+                     state as state_lib, steps)
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.features import FeatureStats, InputLayout
+from meshfit.model_card import (FORMAT, JAX_EXPORT_FILE, PLATFORMS,
+                                SAVED_MODEL_DIR)
 
 if TYPE_CHECKING:
   import pandas as pd
 
-JAX_EXPORT_FILE = 'model.jax_export'
-SAVED_MODEL_DIR = 'saved_model'
 MODEL_CARD_FILE = 'model.json'
 SIGNATURE = export_tf.SIGNATURE
-# Bumped when model.json or the artifacts' calling convention changes.
-FORMAT = 'meshfit.export/3'
-# Lowered for every platform a server is likely to run on, not only the one
-# exporting: a CPU-exported model then also serves on a GPU or a TPU (the
-# artifact picks the platform it runs on).
-PLATFORMS = ('cpu', 'cuda', 'tpu')
 # Artifact against meshfit's own forward pass on the probe rows, relative to
 # the largest prediction: a real defect (a column out of place, the
 # standardisation missing) is off by far more than rounding.
@@ -99,7 +90,8 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
         'on any mesh)')
   check_output_dir(output_dir)  # before anything slow
   step, plan, setup, state = _restore_on_one_device(config, workdir, step)
-  scores, missing = eval_metrics(config, workdir, step, setup, state, plan)
+  scores, missing = model_card.eval_metrics(config, workdir, step, setup,
+                                            state, plan)
   forward = forward_fn(setup.graphdef, setup.arch.layout, state,
                        setup.distribution)
   input_names = export_tf.signature_names(plan.feature_names)
@@ -111,7 +103,7 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
                         jax.device_get(state.stats))
     tf_version, check = write_artifacts(tmp, forward, plan, probe,
                                         input_names, output_names)
-    card = model_card(config, workdir, step, plan, input_names,
+    card = model_card.model_card(config, workdir, step, plan, input_names,
                       output_names, tf_version, scores, missing, check)
     with open(os.path.join(tmp, MODEL_CARD_FILE), 'w', encoding='utf-8') as f:
       json.dump(card, f, indent=2)
@@ -301,119 +293,6 @@ def check_artifacts(directory: str, forward: Callable[[jax.Array], jax.Array],
           f'{name} predicts {got_PxT.tolist()} for the probe rows, where '
           f'meshfit predicts {expected_PxT.tolist()}')
   return check
-
-
-def eval_metrics(config: Config, workdir: str, step: int,
-                 setup: runtime.Setup, state: state_lib.TrainState,
-                 plan: ColumnPlan
-                 ) -> tuple[dict[str, object] | None, str | None]:
-  """The checkpoint's metrics on the eval split, for the model card.
-
-  A model card without its model's quality invites serving an untested
-  model, so they are always given when they can be had: from
-  `eval/step_<N>.json` when --mode=eval wrote it (the numbers the user has
-  seen), else computed here as --mode=eval would compute them (nothing is
-  written to the workdir). An eval split that cannot be read here (its file
-  moved, another machine) does not stop the export: the artifacts do not
-  depend on it, and model.json says why the metrics are missing.
-
-  Returns:
-    (metrics, None), or (None, the reason there are none).
-  """
-  path = os.path.join(workdir, 'eval', f'step_{step}.json')
-  try:
-    with open(path, encoding='utf-8') as f:
-      written = json.load(f)
-    if isinstance(written, dict):
-      return {'source': os.path.join('eval', f'step_{step}.json'),
-              **written}, None
-  except (OSError, ValueError):
-    pass  # none, or unreadable: computed instead
-  try:
-    table = data.load_eval_split(config.dataset, plan)
-  except (DataError, UsageError, OSError) as e:
-    reason = (f'the eval split {config.dataset.eval_split!r} could not be '
-              f'read: {str(e).splitlines()[0][:300]}')
-    logging.warning('Exporting without eval metrics: %s', reason)
-    return None, reason
-  scores = runtime.evaluate_table(setup, state, table, config.eval_batch_size)
-  return {'source': 'computed by --mode=export (not written to the workdir)',
-          'step': step, 'split': config.dataset.eval_split, **scores}, None
-
-
-def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,
-               input_names: Sequence[str], output_names: Sequence[str],
-               tf_version: str, scores: dict[str, object] | None,
-               missing: str | None, check: dict[str, float]
-               ) -> dict[str, object]:
-  """The contents of model.json: the artifacts' interface and provenance."""
-  units = ('original units of the training file'
-           if config.dataset.name == csv_regression.NAME else
-           f'original units of the dataset {config.dataset.name!r}')
-
-  def feature(column: column_plan.Column, name: str) -> dict:
-    entry = {'name': column.name, 'signature_input': name,
-             'kind': column.kind,
-             'dtype': export_tf.input_dtype(column.kind),
-             'inputs': list(column.input_names)}
-    if column.kind == 'category':
-      entry['vocabulary'] = list(column.vocabulary)
-    if column.kind in ('number', 'boolean'):
-      entry['units'] = units
-    return entry
-
-  def target(name: str) -> dict:
-    pred, std = (predict.prediction_columns([name], (o,))[0]
-                 for o in ('pred', 'std'))
-    return {'name': name, 'signature_output': pred,
-            **({'signature_std_output': std} if std in output_names else {}),
-            'kind': 'number', 'dtype': 'float32', 'units': units}
-  return {
-      'format': FORMAT,
-      'features': [feature(c, n) for c, n in zip(plan.used, input_names)],
-      'left_out': [{'name': c.name, 'reason': c.reason}
-                   for c in plan.left_out],
-      'targets': [target(name) for name in plan.targets],
-      'jax_export': {
-          'file': JAX_EXPORT_FILE,
-          'input': (f'float32[b, {len(plan.input_names)}]: the columns of '
-                    '"inputs", raw: numbers in their units (NaN where '
-                    'missing), a category as its code (0 unknown, 1 '
-                    'missing, 2 + its index in "vocabulary"), a date as its '
-                    'parts; filling and scaling are inside'),
-          'inputs': list(plan.input_names),
-          'output': (f'float32[b, {len(output_names)}]: the columns of '
-                     '"outputs"'),
-          'outputs': list(output_names),
-          'platforms': list(PLATFORMS)},
-      'saved_model': {
-          'directory': SAVED_MODEL_DIR, 'signature': SIGNATURE,
-          'inputs': ('one [b] tensor per feature, named by its '
-                     '"signature_input": float32 numbers (NaN missing), '
-                     'booleans as 1/0, categories as text (empty missing), '
-                     'dates as ISO-8601 text (UTC)'),
-          'outputs': ('one float32 [b] tensor per name of '
-                      '"jax_export.outputs": each target\'s prediction '
-                      '("signature_output") and, for a gaussian model, its '
-                      'std')},
-      'check': {'probe_rows': 4, 'max_relative_difference': check},
-      'step': step,
-      'workdir': os.path.abspath(workdir),
-      'dataset': config.dataset.name,
-      'model': dataclasses.asdict(config.model),
-      'eval': scores,
-      **({'eval_missing_reason': missing} if missing else {}),
-      'versions': {'meshfit': _meshfit_version(), 'jax': jax.__version__,
-                   'jaxlib': importlib.metadata.version('jaxlib'),
-                   'tensorflow': tf_version},
-  }
-
-
-def _meshfit_version() -> str:
-  try:
-    return importlib.metadata.version('meshfit')
-  except importlib.metadata.PackageNotFoundError:  # run from a bare checkout
-    return 'unknown'
 
 
 def _temporary_dir(output_dir: str) -> str:

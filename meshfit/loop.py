@@ -3,7 +3,7 @@
 Data travels one way: config -> mesh -> data -> state -> step ->
 metrics/checkpoints. The loop runs calls of many steps (`call_plan`), reads
 each call's losses one call behind (`loss_watch`), and at the end of a call
-logs, evaluates (and validates: `validation`), checkpoints
+logs, evaluates (`evaluations`, which validates: `validation`), checkpoints
 (`checkpoint_policy`), profiles or stops for a preemption.
 """
 
@@ -20,8 +20,8 @@ from absl import logging
 
 from meshfit import (call_plan, checkpoint_policy, checkpointing,
                      compilation_cache, config as config_lib, config_files,
-                     data, feeding, metrics, optim, plots, runtime,
-                     selection, sharding, state as state_lib, steps,
+                     data, evaluations as evaluations_lib, feeding, metrics,
+                     optim, plots, runtime, state as state_lib, steps,
                      workdir_lock, writers)
 from meshfit.config import Config
 from meshfit.errors import UsageError
@@ -162,7 +162,8 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
                                     setup.member_tx, setup.shardings,
                                     setup.mesh, config.log_every_steps,
                                     setup.dropout)
-  evaluations = _Evaluations(config, setup, splits, writer, tracker)
+  evaluations = evaluations_lib.Evaluations(config, setup, splits, writer,
+                                             tracker)
   # Jitted: op by op, the schedule cost the writer thread (and so the loop)
   # more than the rest of a log. Not logged when members have their own.
   schedule = (None if len(config.sweep.learning_rates) > 1 else jax.jit(
@@ -251,108 +252,6 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
     profile.close()
     feed.close()
     writer.close()
-
-
-class _Evaluations:
-  """The loop's evaluations: the validation rows (which choose the members
-  and the best step), then the eval split."""
-
-  def __init__(self, config: Config, setup: runtime.Setup,
-               splits: data.Splits, writer: writers.AsyncWriter,
-               tracker: BestTracker):
-    self._config, self._setup, self._splits = config, setup, splits
-    self._writer, self.tracker = writer, tracker
-    self._step = steps.jit_eval_step(setup.graphdef, setup.arch.layout,
-                                     setup.shardings, setup.mesh,
-                                     setup.distribution)
-    self._member_step = steps.jit_member_outputs(
-        setup.graphdef, setup.arch.layout, setup.shardings, setup.mesh)
-    self._weights = sharding.member_sharding(setup.mesh)
-    self._hparams = optim.Hyperparameters.of(config)
-    self.best_state = None  # a device copy of the best step's state
-    self.choice: selection.Choice | None = None  # the latest
-    self._last: tuple[int, dict] | None = None
-
-  def _evaluate(self, state, table) -> dict:
-    return runtime.evaluate_table(self._setup, state, table,
-                                  self._config.eval_batch_size, self._step)
-
-  def _choose(self, step: int, state: state_lib.TrainState
-              ) -> state_lib.TrainState:
-    """Scores every member on the validation rows; the state with the
-    weights `sweep.select` gives them."""
-    validation = self._splits.validation
-    mean, var = runtime.member_outputs(self._setup, state, validation.x_NxF,
-                                       self._config.eval_batch_size,
-                                       self._member_step)
-    stats = jax.device_get(state.stats)
-    z = (validation.y_NxT - stats.y_mean_T) / stats.y_std_T
-    previous, self.choice = self.choice, selection.choose(
-        self._config.sweep.select, mean, var, z, self._setup.distribution)
-    if state.num_members > 1 and (
-        previous is None or previous.chosen() != self.choice.chosen()):
-      logging.info('Step %d: %s.', step,
-                   self.choice.describe(self._hparams))
-    return state.replace(weights_M=jax.device_put(self.choice.weights_M,
-                                                  self._weights))
-
-  def at(self, step: int, state: state_lib.TrainState
-         ) -> tuple[state_lib.TrainState, float | None]:
-    """Evaluates `state` on the validation rows, choosing its members
-    there, then on the eval split.
-
-    Returns:
-      The state with its members' weights, and the validation loss if this
-      is the best step so far (else None).
-    """
-    scalars, improved = {}, False
-    if self._splits.validation is not None:
-      state = self._choose(step, state)
-      validation = self._evaluate(state, self._splits.validation)
-      scalars.update({**_eval_scalars('val', validation),
-                      'val/loss': self.choice.loss})
-      if state.num_members > 1:
-        best = self.choice.best_member
-        scalars.update({
-            'val/loss_best_member': float(
-                self.choice.member_losses_M[best]),
-            'val/loss_all_members': self.choice.all_loss,
-            'val/members_chosen': float(len(self.choice.chosen()))})
-      improved = self.tracker.update(step, self.choice.loss)
-    result = self._evaluate(state, self._splits.eval)
-    self._last = (step, result)
-    scalars = {**_eval_scalars('eval', result), **scalars}
-    self._writer.write_scalars(step, scalars)
-    self._writer.flush()
-    return state, (self.tracker.best_loss if improved else None)
-
-  def final(self, state: state_lib.TrainState,
-            ckpt: checkpointing.Checkpointer, workdir: str) -> dict:
-    """The evaluation of the model eval and predict use, with its step."""
-    step = int(jax.device_get(state.step))
-    if self._splits.validation is None or not self.tracker.best_step:
-      result = (self._last[1] if self._last and self._last[0] == step else
-                self._evaluate(state, self._splits.eval))
-      return {**result, 'step': step}
-    best = self.tracker.best_step
-    best_state = (state if best == step else self.best_state)
-    if best_state is None:  # a resumed run: read the best checkpoint back
-      best_state = runtime.restore(ckpt, self._setup, best)
-    result = {**self._evaluate(best_state, self._splits.eval), 'step': best,
-              'val_loss': self.tracker.best_loss}
-    if best_state.num_members > 1:
-      result['members'] = runtime.members_summary(best_state,
-                                                   self._hparams)
-    return result
-
-
-def _eval_scalars(prefix: str, result: dict) -> dict[str, float]:
-  """The scalars of an evaluation: overall values, then each target's."""
-  scalars = {f'{prefix}/{k}': result[k] for k in ('mse', 'rmse', 'mae', 'r2')}
-  for target, values in result['targets'].items():
-    scalars.update({f'{prefix}/{k}/{target}': values[k]
-                    for k in ('rmse', 'mae', 'r2')})
-  return scalars
 
 
 def _plan(config: Config, setup: runtime.Setup, train_table,

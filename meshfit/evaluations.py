@@ -1,0 +1,118 @@
+"""The training loop's evaluations: members chosen on validation rows.
+
+At every `eval_every_steps` the loop asks `Evaluations.at` to score each
+member on the validation rows (`meshfit/selection.py` weighs them), to
+evaluate the weighted model there (the best step is the best of these) and
+on the eval split; at the end `final` evaluates the model that eval and
+predict use.
+"""
+
+import jax
+from absl import logging
+
+from meshfit import (checkpointing, data, optim, runtime, selection,
+                     sharding, state as state_lib, steps, writers)
+from meshfit.config import Config
+from meshfit.validation import BestTracker
+
+
+class Evaluations:
+  """The loop's evaluations: the validation rows (which choose the members
+  and the best step), then the eval split."""
+
+  def __init__(self, config: Config, setup: runtime.Setup,
+               splits: data.Splits, writer: writers.AsyncWriter,
+               tracker: BestTracker):
+    self._config, self._setup, self._splits = config, setup, splits
+    self._writer, self.tracker = writer, tracker
+    self._step = steps.jit_eval_step(setup.graphdef, setup.arch.layout,
+                                     setup.shardings, setup.mesh,
+                                     setup.distribution)
+    self._member_step = steps.jit_member_outputs(
+        setup.graphdef, setup.arch.layout, setup.shardings, setup.mesh)
+    self._weights = sharding.member_sharding(setup.mesh)
+    self._hparams = optim.Hyperparameters.of(config)
+    self.best_state = None  # a device copy of the best step's state
+    self.choice: selection.Choice | None = None  # the latest
+    self._last: tuple[int, dict] | None = None
+
+  def _evaluate(self, state, table) -> dict:
+    return runtime.evaluate_table(self._setup, state, table,
+                                  self._config.eval_batch_size, self._step)
+
+  def _choose(self, step: int, state: state_lib.TrainState
+              ) -> state_lib.TrainState:
+    """Scores every member on the validation rows; the state with the
+    weights `sweep.select` gives them."""
+    validation = self._splits.validation
+    mean, var = runtime.member_outputs(self._setup, state, validation.x_NxF,
+                                       self._config.eval_batch_size,
+                                       self._member_step)
+    stats = jax.device_get(state.stats)
+    z = (validation.y_NxT - stats.y_mean_T) / stats.y_std_T
+    previous, self.choice = self.choice, selection.choose(
+        self._config.sweep.select, mean, var, z, self._setup.distribution)
+    if state.num_members > 1 and (
+        previous is None or previous.chosen() != self.choice.chosen()):
+      logging.info('Step %d: %s.', step,
+                   self.choice.describe(self._hparams))
+    return state.replace(weights_M=jax.device_put(self.choice.weights_M,
+                                                  self._weights))
+
+  def at(self, step: int, state: state_lib.TrainState
+         ) -> tuple[state_lib.TrainState, float | None]:
+    """Evaluates `state` on the validation rows, choosing its members
+    there, then on the eval split.
+
+    Returns:
+      The state with its members' weights, and the validation loss if this
+      is the best step so far (else None).
+    """
+    scalars, improved = {}, False
+    if self._splits.validation is not None:
+      state = self._choose(step, state)
+      validation = self._evaluate(state, self._splits.validation)
+      scalars.update({**_eval_scalars('val', validation),
+                      'val/loss': self.choice.loss})
+      if state.num_members > 1:
+        best = self.choice.best_member
+        scalars.update({
+            'val/loss_best_member': float(
+                self.choice.member_losses_M[best]),
+            'val/loss_all_members': self.choice.all_loss,
+            'val/members_chosen': float(len(self.choice.chosen()))})
+      improved = self.tracker.update(step, self.choice.loss)
+    result = self._evaluate(state, self._splits.eval)
+    self._last = (step, result)
+    scalars = {**_eval_scalars('eval', result), **scalars}
+    self._writer.write_scalars(step, scalars)
+    self._writer.flush()
+    return state, (self.tracker.best_loss if improved else None)
+
+  def final(self, state: state_lib.TrainState,
+            ckpt: checkpointing.Checkpointer, workdir: str) -> dict:
+    """The evaluation of the model eval and predict use, with its step."""
+    step = int(jax.device_get(state.step))
+    if self._splits.validation is None or not self.tracker.best_step:
+      result = (self._last[1] if self._last and self._last[0] == step else
+                self._evaluate(state, self._splits.eval))
+      return {**result, 'step': step}
+    best = self.tracker.best_step
+    best_state = (state if best == step else self.best_state)
+    if best_state is None:  # a resumed run: read the best checkpoint back
+      best_state = runtime.restore(ckpt, self._setup, best)
+    result = {**self._evaluate(best_state, self._splits.eval), 'step': best,
+              'val_loss': self.tracker.best_loss}
+    if best_state.num_members > 1:
+      result['members'] = runtime.members_summary(best_state,
+                                                   self._hparams)
+    return result
+
+
+def _eval_scalars(prefix: str, result: dict) -> dict[str, float]:
+  """The scalars of an evaluation: overall values, then each target's."""
+  scalars = {f'{prefix}/{k}': result[k] for k in ('mse', 'rmse', 'mae', 'r2')}
+  for target, values in result['targets'].items():
+    scalars.update({f'{prefix}/{k}/{target}': values[k]
+                    for k in ('rmse', 'mae', 'r2')})
+  return scalars
