@@ -335,6 +335,8 @@ def test_checkpoints_by_the_clock_are_that_far_apart(small_config, tmp_path):
                    for s in os.listdir(ckpts))
   # About one every half second of training (the first comes with the
   # first call, which compiled for longer), each written in the background
-  # as it came. checkpoint_policy's tests check the rule itself exactly.
-  assert 6 <= len(written) <= 10, written
-  assert 0.3 < np.median(np.diff(written)) < 1.0, np.diff(written)
+  # as it came; on a loaded machine a write can take longer than the period
+  # and the next one waits for it. checkpoint_policy's tests check the rule
+  # itself exactly.
+  assert 4 <= len(written) <= 10, written
+  assert 0.3 < np.median(np.diff(written)) < 1.2, np.diff(written)
