@@ -79,7 +79,7 @@ from configs import default  # noqa: E402
 from input_pipeline import tables  # noqa: E402
 from input_pipeline.tables import Table  # noqa: E402
 from meshfit import (call_plan, config as config_lib, data,  # noqa: E402
-                     feeding, in_flight, loop, runtime, sharding,
+                     feeding, in_flight, loop, optim, runtime, sharding,
                      state as state_lib, steps)
 from meshfit.features import FeatureStats, InputLayout  # noqa: E402
 from models import mlp  # noqa: E402
@@ -499,30 +499,33 @@ class Torch(Variant):
 
 
 class _MeshfitParts:
-  """meshfit's set-up, state and input pipeline, without its loop."""
+  """meshfit's set-up, state and input pipeline, without its loop, as
+  `loop.train_and_evaluate` makes them for an ensemble of `members`."""
 
-  def __init__(self, size: Size, data: Data):
+  def __init__(self, size: Size, data: Data, members: int = 1):
     config = _meshfit_config(size, dtype='float32', num_train_steps=None,
                              checkpoint_every_seconds=None, cache_dir='')
-    self.config, self.data, self.size = config, data, size
+    config.model.ensemble_size = members
+    self.config = config_lib.parse(config)
+    self.data, self.size, self.members = data, size, members
     self.layout = InputLayout.numbers(size.num_features)
-    self.setup = runtime.make_setup(config_lib.parse(config), self.layout,
+    self.setup = runtime.make_setup(self.config, self.layout,
                                     size.num_targets)
     self.stats = FeatureStats.fit(self.layout, data.x_NxF, data.y_NxT)
     self.state = state_lib.create_train_state(
-        self.setup.arch, self.setup.tx, self.setup.mesh, config.seed,
-        self.stats)
-    self.resident = feeding.fits_on_device(data.x_NxF, data.y_NxT,
-                                           config.dataset.resident_table_mb)
+        self.setup.arch, self.setup.tx, self.setup.mesh, self.config.seed,
+        self.stats, optim.Hyperparameters.of(self.config))
+    self.resident = feeding.fits_on_device(
+        data.x_NxF, data.y_NxT, self.config.dataset.resident_table_mb)
 
   def feed(self, steps_per_call: int) -> feeding.TrainFeed:
     """The training loop's feed (`chunks(itertools.repeat(k))` draws calls
     of k steps)."""
     return feeding.TrainFeed(
         self.data.x_NxF, self.data.y_NxT, batch_size=self.size.batch_size,
-        seed=0, mesh=self.setup.mesh, steps_per_call=steps_per_call,
-        resident=self.resident,
-        prefetch=self.config.dataset.prefetch_batches)
+        seed=self.config.seed, mesh=self.setup.mesh,
+        steps_per_call=steps_per_call, resident=self.resident,
+        prefetch=self.config.dataset.prefetch_batches, members=self.members)
 
   def table(self, feed: feeding.TrainFeed) -> dict[str, jax.Array]:
     if not self.resident:
@@ -548,11 +551,15 @@ class Pipeline(Variant):
     layout = self._parts.layout
 
     def batches(stats, table_z, chunk):
-      if 'idx' in chunk:
+      if 'idx' in chunk:  # K x M x B rows of the table
         out = {name: a[chunk['idx']] for name, a in table_z.items()}
-      else:  # each of the K batches as train_call encodes it
-        out = jax.vmap(lambda x, y: steps.encode(
-            stats, layout, {'x': x, 'y': y}))(chunk['x'], chunk['y'])
+      else:  # each of the K x M batches as train_call encodes it
+        x, y = chunk['x'], chunk['y']
+        flat = steps.encode(stats, layout,
+                            {'x': x.reshape(-1, x.shape[-1]),
+                             'y': y.reshape(-1, y.shape[-1])})
+        out = {name: a.reshape(x.shape[:3] + a.shape[1:])
+               for name, a in flat.items()}
       return jax.lax.with_sharding_constraint(out, chunk_sharding)
     # Placed as train_call places a chunk (see steps.jit_train_call).
     self._batches = jax.jit(batches, in_shardings=(None, None,
@@ -589,9 +596,9 @@ class MeshfitCalls(Variant):
         's' if steps_per_call > 1 else '')
     self._parts, self._k = parts, steps_per_call
     self._step = steps.jit_train_call(
-        parts.setup.graphdef, parts.layout, parts.setup.tx,
+        parts.setup.graphdef, parts.layout, parts.setup.member_tx,
         parts.setup.shardings, parts.setup.mesh,
-        parts.config.log_every_steps)
+        parts.config.log_every_steps, parts.setup.dropout)
     self._state = parts.state
     self.run(2 * steps_per_call)
 
