@@ -15,7 +15,10 @@ plus bfloat16-compute variants, meshfit with checkpoints by the clock, the
 input pipeline alone and, but for large (whose calls are single steps), a
 ladder from meshfit's bare jitted calls (1 step each, then as many as meshfit
 runs per call) to its whole loop. The norm section times the logged gradient
-norm of each size both ways `steps.global_norm` can compute it.
+norm of each size both ways `steps.global_norm` can compute it. The members
+section trains ensembles of --members models of --members_size (each on its
+own batch) through meshfit's jitted calls, against one model, and splits
+their step into its matmuls, Adam's update, the input pipeline and the rest.
 Time to the first step (cold, warm and without the persistent compilation
 cache) is measured in fresh processes.
 
@@ -47,6 +50,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import os
 import platform
 import shutil
@@ -85,7 +89,7 @@ from meshfit.features import FeatureStats, InputLayout  # noqa: E402
 from models import mlp  # noqa: E402
 
 SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
-            'norm', 'first_step')
+            'norm', 'first_step', 'members')
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('sizes', ['tiny', 'small', 'medium', 'large'],
@@ -100,6 +104,10 @@ flags.DEFINE_list('sections', list(SECTIONS),
                   f'Any of {", ".join(SECTIONS)}.')
 flags.DEFINE_string('first_step_size', 'small',
                     'Model size of the time-to-first-step section.')
+flags.DEFINE_list('members', ['1', '8', '32', '128'],
+                  'Ensemble sizes of the members section.')
+flags.DEFINE_string('members_size', 'small',
+                    'Model size of the members section.')
 flags.DEFINE_integer('torch_threads', 0, 'torch.set_num_threads for the '
                      'PyTorch rows; 0 keeps its default (one per core). Its '
                      'OpenMP threads spin at barriers and slow down badly '
@@ -235,11 +243,12 @@ class _Bounded:
         jax.block_until_ready(done)
 
 
-def _steps_per_call(config, size: Size) -> int:
-  """meshfit's call length for `size` (one process: checkpoints written in
-  the background end no call)."""
+def _steps_per_call(config, size: Size, members: int = 1) -> int:
+  """meshfit's call length for `members` models of `size` (one process:
+  checkpoints written in the background end no call)."""
   return call_plan.choose_steps_per_call(
-      config.steps_per_call, size.flops_per_step, jax.devices()[0].platform,
+      config.steps_per_call, size.flops_per_step * members,
+      jax.devices()[0].platform,
       (config.log_every_steps, config.eval_every_steps))
 
 
@@ -500,12 +509,19 @@ class Torch(Variant):
 
 class _MeshfitParts:
   """meshfit's set-up, state and input pipeline, without its loop, as
-  `loop.train_and_evaluate` makes them for an ensemble of `members`."""
+  `loop.train_and_evaluate` makes them for an ensemble of `members`.
 
-  def __init__(self, size: Size, data: Data, members: int = 1):
+  The members spread over the process's devices as far as their number
+  divides them (`mesh.members`), the rest of the devices splitting batches.
+  """
+
+  def __init__(self, size: Size, data: Data, members: int = 1,
+               optimizer: str = 'adam'):
     config = _meshfit_config(size, dtype='float32', num_train_steps=None,
                              checkpoint_every_seconds=None, cache_dir='')
     config.model.ensemble_size = members
+    config.mesh.members = math.gcd(members, jax.device_count())
+    config.optimizer.name = optimizer
     self.config = config_lib.parse(config)
     self.data, self.size, self.members = data, size, members
     self.layout = InputLayout.numbers(size.num_features)
@@ -542,11 +558,13 @@ class Pipeline(Variant):
   encoding streamed rows), for every batch of the call; nothing trained.
   """
 
-  def __init__(self, size: Size, data: Data):
+  def __init__(self, size: Size, data: Data, members: int = 1):
     self.name = 'input pipeline alone'
+    if members > 1:
+      self.name += f', {members} members'
     self.max_steps_factor = 100  # a batch costs far less than a step
-    self._parts = _MeshfitParts(size, data)
-    self._k = _steps_per_call(self._parts.config, size)
+    self._parts = _MeshfitParts(size, data, members)
+    self._k = _steps_per_call(self._parts.config, size, members)
     chunk_sharding = sharding.chunk_sharding(self._parts.setup.mesh)
     layout = self._parts.layout
 
@@ -588,12 +606,25 @@ class Pipeline(Variant):
 
 class MeshfitCalls(Variant):
   """meshfit's jitted train calls and TrainFeed, without the rest of its
-  loop (no loss checks, logging, evaluation or checkpoints)."""
+  loop (no loss checks, logging, evaluation or checkpoints).
 
-  def __init__(self, size: Size, data: Data, steps_per_call: int):
-    parts = _MeshfitParts(size, data)
+  With `members`, one ensemble of that many models of `size`, each on its
+  own batch of size.batch_size, as `model.ensemble_size` trains them.
+  """
+
+  def __init__(self, size: Size, data: Data, steps_per_call: int,
+               members: int = 1, optimizer: str = 'adam'):
+    parts = _MeshfitParts(size, data, members, optimizer)
     self.name = f'mf: train calls of {steps_per_call} step' + (
         's' if steps_per_call > 1 else '')
+    if members > 1 or optimizer != 'adam':
+      self.name += f', {members} member' + ('s' if members > 1 else '')
+    if optimizer != 'adam':
+      self.name += f', {optimizer}'
+    self.members, self.steps_per_call = members, steps_per_call
+    # (seconds per step, process CPU seconds / wall seconds) of each run:
+    # more than 1 core busy shows XLA running the step on several threads.
+    self.runs: list[tuple[float, float]] = []
     self._parts, self._k = parts, steps_per_call
     self._step = steps.jit_train_call(
         parts.setup.graphdef, parts.layout, parts.setup.member_tx,
@@ -609,6 +640,8 @@ class MeshfitCalls(Variant):
       table_z = self._parts.table(feed)
       calls = -(-num_steps // self._k)
       bounded = _Bounded(always=True)
+      jax.block_until_ready(table_z)
+      cpu = time.process_time()
       start = time.perf_counter()
       for _ in range(calls):
         n, chunk = next(chunks)
@@ -617,10 +650,80 @@ class MeshfitCalls(Variant):
         bounded.add(losses)
       bounded.drain()
       jax.block_until_ready(self._state)
+      wall = time.perf_counter() - start
+      self.runs.append((wall / (calls * self._k),
+                        (time.process_time() - cpu) / wall))
       # Per step: the last call may run a few more than asked.
-      return (time.perf_counter() - start) * num_steps / (calls * self._k)
+      return wall * num_steps / (calls * self._k)
     finally:
       feed.close()
+
+
+class MemberMatmuls(Variant):
+  """The matmuls of an ensemble's steps and nothing else, as its vmapped
+  step has them.
+
+  Each layer's forward dot and, through `jax.vjp` of the layers without
+  biases or activations, its weight and input gradients, batched over a
+  leading member dimension; calls of `steps_per_call` steps in a
+  `fori_loop` like meshfit's, each step's weights moved by a tiny multiple
+  of its gradients so that no step can be hoisted out of the loop.
+  """
+
+  def __init__(self, size: Size, data: Data, steps_per_call: int,
+               members: int):
+    self.name = f'matmuls alone, {members} member' + (
+        's' if members > 1 else '')
+    self.max_steps_factor = 10  # a step's matmuls cost less than the step
+    self._k = steps_per_call
+    # Placed as _MeshfitParts places the members and their batches.
+    spread = math.gcd(members, jax.device_count())
+    mesh = jax.make_mesh((spread, jax.device_count() // spread),
+                         ('members', 'data'),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    per_member = NamedSharding(mesh, P('members'))
+    batches = NamedSharding(mesh, P(None, 'members', 'data'))
+
+    def stacked(a_NxC):  # NUM_BATCHES x M x B x C, every member alike
+      a = a_NxC.reshape(NUM_BATCHES, size.batch_size, -1)
+      return jax.device_put(np.repeat(a[:, None], members, axis=1), batches)
+    self._x, self._y = stacked(data.x_NxF), stacked(data.y_NxT)
+    self._weights = jax.device_put(
+        [np.repeat(np.asarray(w)[None], members, axis=0)
+         for w, _ in _init_mlp(size)], per_member)
+
+    def member(weights, x_BxF, g_BxT):
+      def forward(weights):
+        h = x_BxF
+        for w in weights:
+          h = h @ w
+        return h
+      return jax.vjp(forward, weights)[1](g_BxT)[0]
+
+    def call(weights, x, y):
+      def body(i, weights):
+        grads = jax.vmap(member)(weights, x[i % NUM_BATCHES],
+                                 y[i % NUM_BATCHES])
+        return [w - 1e-9 * g for w, g in zip(weights, grads)]
+      return jax.lax.fori_loop(0, steps_per_call, body, weights)
+    self._call = jax.jit(call, donate_argnums=0)
+    self.run(steps_per_call)
+
+  @staticmethod
+  def flops_per_member_step(size: Size) -> float:
+    """Multiply-adds x 2 of a step: every layer's forward and weight
+    gradient dots, and the input gradient of all but the first."""
+    dims = list(zip(size.layer_sizes[:-1], size.layer_sizes[1:]))
+    macs = 2 * sum(a * b for a, b in dims) + sum(a * b for a, b in dims[1:])
+    return 2.0 * macs * size.batch_size
+
+  def run(self, num_steps: int) -> float:
+    calls = -(-num_steps // self._k)
+    start = time.perf_counter()
+    for _ in range(calls):
+      self._weights = self._call(self._weights, self._x, self._y)
+    jax.block_until_ready(self._weights)
+    return (time.perf_counter() - start) * num_steps / (calls * self._k)
 
 
 # ---------------------------------------------------------------------------
@@ -762,6 +865,105 @@ def norm_report(results: dict[str, dict[str, list[float]]]) -> str:
           f'{steps.ONE_REDUCTION_MAX_ELEMENTS:,} parameters)\n\n'
           + markdown_table(['size', 'parameters', 'one reduction (us)',
                             'per leaf (us)', 'meshfit uses'], rows))
+
+
+# ---------------------------------------------------------------------------
+# Many members in one program (issue 14).
+
+
+def member_variants(size: Size, data: Data, members: Sequence[int]
+                    ) -> dict[int, dict[str, Variant]]:
+  """For each ensemble size: meshfit's train calls ('calls'), the same with
+  SGD ('sgd': what Adam's update adds), its input pipeline alone and the
+  matmuls alone, all in calls of the length meshfit's loop picks for that
+  many members."""
+  config = _meshfit_config(size, dtype='float32', num_train_steps=None,
+                           checkpoint_every_seconds=None, cache_dir='')
+  v = {}
+  for m in members:
+    k = _steps_per_call(config, size, m)
+    v[m] = {'calls': MeshfitCalls(size, data, k, members=m),
+            'sgd': MeshfitCalls(size, data, k, members=m, optimizer='sgd'),
+            'pipeline': Pipeline(size, data, members=m),
+            'matmuls': MemberMatmuls(size, data, k, members=m)}
+  return v
+
+
+def members_section(size_name: str, members: Sequence[int], repeats: int,
+                    peaks: dict[str, list[float]], have_torch: bool,
+                    seconds: float | None) -> dict[str, Any]:
+  """Every variant of `member_variants` once per round, interleaved."""
+  size = SIZES[size_name]
+  variants = member_variants(size, make_data(size), members)
+  flat = [v for parts in variants.values() for v in parts.values()]
+  try:
+    rates, counts = run_rounds(flat, FLAGS.steps or size.default_steps,
+                               repeats, peaks, have_torch, seconds)
+  finally:
+    for v in flat:
+      v.close()
+  by_members = {}
+  for m, parts in variants.items():
+    by_members[str(m)] = {
+        'steps_per_call': parts['calls'].steps_per_call,
+        'variants': {part: v.name for part, v in parts.items()},
+        # CPU / wall of the fastest run (the round the rate comes from).
+        'cores': min(parts['calls'].runs)[1]}
+  return {'size': size_name, 'repeats': repeats, 'rates': rates,
+          'counts': counts, 'members': by_members}
+
+
+def members_report(res: dict[str, Any], peak_f32: float) -> str:
+  """The ensembles' speed beside one model's, then where a step goes."""
+  size, rates, counts = SIZES[res['size']], res['rates'], res['counts']
+  best = {name: max(r) for name, r in rates.items()}
+  one = res['members'].get('1')
+  one_rate = best[one['variants']['calls']] if one else None
+  rows, parts = [], []
+  for m, info in res['members'].items():
+    names, k = info['variants'], int(m)
+    rate = best[names['calls']]
+    gflops = rate * k * size.flops_per_step / 1e9
+    rows.append([m, f'{info["steps_per_call"]:,}',
+                 f'{counts[names["calls"]]:,}', _num(rate),
+                 _num(statistics.median(rates[names['calls']])),
+                 f'{rate * k * size.batch_size:,.0f}',
+                 _fmt(None if one_rate is None else rate * k / one_rate),
+                 _num(gflops), f'{100 * gflops / peak_f32:.1f}%',
+                 f'{info["cores"]:.2f}'])
+    step_us = 1e6 / rate
+    matmul_us = 1e6 / best[names['matmuls']]
+    adam_us = step_us - 1e6 / best[names['sgd']]
+    pipeline_us = 1e6 / best[names['pipeline']]
+    rest_us = step_us - matmul_us - adam_us - pipeline_us
+    matmul_gflops = (k * MemberMatmuls.flops_per_member_step(size)
+                     / matmul_us / 1e3)
+
+    def share(us):
+      return f'{us:,.0f} ({100 * us / step_us:.0f}%)'
+    parts.append([m, f'{step_us:,.0f}', f'{step_us / k:,.1f}',
+                  share(matmul_us), share(adam_us), share(pipeline_us),
+                  share(rest_us), _num(matmul_gflops),
+                  f'{100 * matmul_gflops / peak_f32:.1f}%'])
+  rounds = len(next(iter(rates.values())))
+  return '\n'.join([
+      f'\n### Many members in one program ({res["size"]}: '
+      f'{" -> ".join(map(str, size.layer_sizes))}, batch '
+      f'{size.batch_size} per member, {size.num_params:,} params per member; '
+      f'best of {rounds} rounds)\n',
+      'meshfit\'s jitted train calls and TrainFeed for an ensemble of M '
+      'members in calls of the length its loop picks; model-examples/s is '
+      'M x batch x steps/s; cores busy is process CPU time / wall time.\n',
+      markdown_table(['members', 'steps/call', 'steps', 'steps/s', 'median',
+                      'model-examples/s', 'x 1 member', 'GFLOP/s', 'of peak',
+                      'cores busy'], rows),
+      '\nWhere a step goes (us per step of all M members, each part timed '
+      'alone in calls of the same length: the matmuls alone, Adam\'s update '
+      'as the difference from SGD\'s, the input pipeline alone; rest: '
+      'activations, loss, bias gradients, gradient norms, metrics):\n',
+      markdown_table(['members', 'step (us)', 'per member (us)', 'matmuls',
+                      'Adam over SGD', 'input pipeline', 'rest',
+                      'matmul GFLOP/s', 'of peak'], parts)])
 
 
 # ---------------------------------------------------------------------------
@@ -945,6 +1147,8 @@ def report(results: dict[str, Any]) -> str:
 
   if 'norm' in results:
     out.append(norm_report(results['norm']))
+  if 'members' in results:
+    out.append(members_report(results['members'], peak_f32))
   if 'first_step' in results:
     fs = results['first_step']
     out.append(f'\n### Time to first step ({fs["size"]}, fresh process; '
@@ -996,7 +1200,9 @@ def main(argv: Sequence[str]) -> None:
   if FLAGS.first_step_child:
     _first_step_child(json.loads(FLAGS.first_step_child))
     return
-  bad = set(FLAGS.sizes) - set(SIZES) or set(FLAGS.sections) - set(SECTIONS)
+  bad = (set(FLAGS.sizes) - set(SIZES) or set(FLAGS.sections) - set(SECTIONS)
+         or {FLAGS.members_size} - set(SIZES)
+         or {m for m in FLAGS.members if not m.isdigit() or int(m) < 1})
   if bad:
     sys.exit(f'error: unknown {sorted(bad)}; sizes: {", ".join(SIZES)}; '
              f'sections: {", ".join(SECTIONS)}')
@@ -1037,6 +1243,13 @@ def main(argv: Sequence[str]) -> None:
         if getattr(v, 'checkpoints', None):
           results['sizes'][size_name]['checkpoints'] = v.checkpoints
       print(f'{size_name}: done', flush=True)
+    if 'members' in FLAGS.sections:
+      print(f'{FLAGS.members_size}: members {", ".join(FLAGS.members)}...',
+            flush=True)
+      results['members'] = members_section(
+          FLAGS.members_size, [int(m) for m in FLAGS.members], FLAGS.repeats,
+          results['peaks'], have_torch,
+          None if FLAGS.steps else FLAGS.seconds)
     if 'norm' in FLAGS.sections:
       print('gradient norm...', flush=True)
       results['norm'] = norm_section(FLAGS.sizes, FLAGS.repeats,
