@@ -18,7 +18,9 @@ runs per call) to its whole loop. The norm section times the logged gradient
 norm of each size both ways `steps.global_norm` can compute it. The members
 section trains ensembles of --members models of --members_size (each on its
 own batch) through meshfit's jitted calls, against one model, and splits
-their step into its matmuls, Adam's update, the input pipeline and the rest.
+their step into its matmuls, Adam's update, the input pipeline and the rest;
+with several devices, each ensemble's members split over as many as divide
+them (a single model on one device).
 Time to the first step (cold, warm and without the persistent compilation
 cache) is measured in fresh processes.
 
@@ -507,26 +509,37 @@ class Torch(Variant):
     return time.perf_counter() - start
 
 
+def _member_devices(members: int) -> list[jax.Device]:
+  """The devices an ensemble of `members` trains on in the members section:
+  one per member group, as many as divide it (one for a single model, which
+  data parallelism over CPU devices slows down with an all-reduce a step)."""
+  return jax.devices()[:math.gcd(members, jax.device_count())]
+
+
 class _MeshfitParts:
   """meshfit's set-up, state and input pipeline, without its loop, as
   `loop.train_and_evaluate` makes them for an ensemble of `members`.
 
-  The members spread over the process's devices as far as their number
-  divides them (`mesh.members`), the rest of the devices splitting batches.
+  On every device with batches split over them (the default mesh), or with
+  `devices`, on those with the members split over them (`mesh.members`).
   """
 
   def __init__(self, size: Size, data: Data, members: int = 1,
-               optimizer: str = 'adam'):
+               optimizer: str = 'adam',
+               devices: Sequence[jax.Device] | None = None):
     config = _meshfit_config(size, dtype='float32', num_train_steps=None,
                              checkpoint_every_seconds=None, cache_dir='')
     config.model.ensemble_size = members
-    config.mesh.members = math.gcd(members, jax.device_count())
     config.optimizer.name = optimizer
+    mesh = None
+    if devices is not None:
+      config.mesh.members, config.mesh.data = len(devices), 1
+      mesh = sharding.make_mesh(1, 1, devices, members=len(devices))
     self.config = config_lib.parse(config)
     self.data, self.size, self.members = data, size, members
     self.layout = InputLayout.numbers(size.num_features)
     self.setup = runtime.make_setup(self.config, self.layout,
-                                    size.num_targets)
+                                    size.num_targets, mesh)
     self.stats = FeatureStats.fit(self.layout, data.x_NxF, data.y_NxT)
     self.state = state_lib.create_train_state(
         self.setup.arch, self.setup.tx, self.setup.mesh, self.config.seed,
@@ -558,12 +571,13 @@ class Pipeline(Variant):
   encoding streamed rows), for every batch of the call; nothing trained.
   """
 
-  def __init__(self, size: Size, data: Data, members: int = 1):
+  def __init__(self, size: Size, data: Data, members: int = 1,
+               devices: Sequence[jax.Device] | None = None):
     self.name = 'input pipeline alone'
     if members > 1:
       self.name += f', {members} members'
     self.max_steps_factor = 100  # a batch costs far less than a step
-    self._parts = _MeshfitParts(size, data, members)
+    self._parts = _MeshfitParts(size, data, members, devices=devices)
     self._k = _steps_per_call(self._parts.config, size, members)
     chunk_sharding = sharding.chunk_sharding(self._parts.setup.mesh)
     layout = self._parts.layout
@@ -613,8 +627,9 @@ class MeshfitCalls(Variant):
   """
 
   def __init__(self, size: Size, data: Data, steps_per_call: int,
-               members: int = 1, optimizer: str = 'adam'):
-    parts = _MeshfitParts(size, data, members, optimizer)
+               members: int = 1, optimizer: str = 'adam',
+               devices: Sequence[jax.Device] | None = None):
+    parts = _MeshfitParts(size, data, members, optimizer, devices)
     self.name = f'mf: train calls of {steps_per_call} step' + (
         's' if steps_per_call > 1 else '')
     if members > 1 or optimizer != 'adam':
@@ -671,18 +686,15 @@ class MemberMatmuls(Variant):
   """
 
   def __init__(self, size: Size, data: Data, steps_per_call: int,
-               members: int):
+               members: int, devices: Sequence[jax.Device]):
     self.name = f'matmuls alone, {members} member' + (
         's' if members > 1 else '')
     self.max_steps_factor = 10  # a step's matmuls cost less than the step
     self._k = steps_per_call
-    # Placed as _MeshfitParts places the members and their batches.
-    spread = math.gcd(members, jax.device_count())
-    mesh = jax.make_mesh((spread, jax.device_count() // spread),
-                         ('members', 'data'),
-                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    # The members split over `devices`, as meshfit's mesh.members does.
+    mesh = jax.sharding.Mesh(np.array(devices), ('members',))
     per_member = NamedSharding(mesh, P('members'))
-    batches = NamedSharding(mesh, P(None, 'members', 'data'))
+    batches = NamedSharding(mesh, P(None, 'members'))
 
     def stacked(a_NxC):  # NUM_BATCHES x M x B x C, every member alike
       a = a_NxC.reshape(NUM_BATCHES, size.batch_size, -1)
@@ -881,11 +893,11 @@ def member_variants(size: Size, data: Data, members: Sequence[int]
                            checkpoint_every_seconds=None, cache_dir='')
   v = {}
   for m in members:
-    k = _steps_per_call(config, size, m)
-    v[m] = {'calls': MeshfitCalls(size, data, k, members=m),
-            'sgd': MeshfitCalls(size, data, k, members=m, optimizer='sgd'),
-            'pipeline': Pipeline(size, data, members=m),
-            'matmuls': MemberMatmuls(size, data, k, members=m)}
+    k, devices = _steps_per_call(config, size, m), _member_devices(m)
+    v[m] = {'calls': MeshfitCalls(size, data, k, m, devices=devices),
+            'sgd': MeshfitCalls(size, data, k, m, 'sgd', devices),
+            'pipeline': Pipeline(size, data, m, devices),
+            'matmuls': MemberMatmuls(size, data, k, m, devices)}
   return v
 
 
@@ -906,6 +918,7 @@ def members_section(size_name: str, members: Sequence[int], repeats: int,
   for m, parts in variants.items():
     by_members[str(m)] = {
         'steps_per_call': parts['calls'].steps_per_call,
+        'devices': len(_member_devices(m)),
         'variants': {part: v.name for part, v in parts.items()},
         # CPU / wall of the fastest run (the round the rate comes from).
         'cores': min(parts['calls'].runs)[1]}
@@ -924,7 +937,7 @@ def members_report(res: dict[str, Any], peak_f32: float) -> str:
     names, k = info['variants'], int(m)
     rate = best[names['calls']]
     gflops = rate * k * size.flops_per_step / 1e9
-    rows.append([m, f'{info["steps_per_call"]:,}',
+    rows.append([m, str(info['devices']), f'{info["steps_per_call"]:,}',
                  f'{counts[names["calls"]]:,}', _num(rate),
                  _num(statistics.median(rates[names['calls']])),
                  f'{rate * k * size.batch_size:,.0f}',
@@ -954,9 +967,9 @@ def members_report(res: dict[str, Any], peak_f32: float) -> str:
       'meshfit\'s jitted train calls and TrainFeed for an ensemble of M '
       'members in calls of the length its loop picks; model-examples/s is '
       'M x batch x steps/s; cores busy is process CPU time / wall time.\n',
-      markdown_table(['members', 'steps/call', 'steps', 'steps/s', 'median',
-                      'model-examples/s', 'x 1 member', 'GFLOP/s', 'of peak',
-                      'cores busy'], rows),
+      markdown_table(['members', 'devices', 'steps/call', 'steps', 'steps/s',
+                      'median', 'model-examples/s', 'x 1 member', 'GFLOP/s',
+                      'of peak', 'cores busy'], rows),
       '\nWhere a step goes (us per step of all M members, each part timed '
       'alone in calls of the same length: the matmuls alone, Adam\'s update '
       'as the difference from SGD\'s, the input pipeline alone; rest: '

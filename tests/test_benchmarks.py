@@ -43,9 +43,9 @@ def test_speed_members_section_reports_each_ensemble_and_its_parts():
   tables = [[[c.strip() for c in line.split('|')[1:-1]] for line in block]
             for block in _tables(result.stdout)]
   speed, parts = [t for t in tables if t[0][0] == 'members']
-  assert speed[0] == ['members', 'steps/call', 'steps', 'steps/s', 'median',
-                      'model-examples/s', 'x 1 member', 'GFLOP/s', 'of peak',
-                      'cores busy']
+  assert speed[0] == ['members', 'devices', 'steps/call', 'steps', 'steps/s',
+                      'median', 'model-examples/s', 'x 1 member', 'GFLOP/s',
+                      'of peak', 'cores busy']
   assert parts[0] == ['members', 'step (us)', 'per member (us)', 'matmuls',
                       'Adam over SGD', 'input pipeline', 'rest',
                       'matmul GFLOP/s', 'of peak']
@@ -55,6 +55,7 @@ def test_speed_members_section_reports_each_ensemble_and_its_parts():
   assert one['x 1 member'] == '1.00x'
   for row in (one, eight):
     assert row['steps/call'] == '100'  # the small model's calls, 1 or 8
+    assert row['devices'] == '1'
     for column in ('steps/s', 'model-examples/s', 'GFLOP/s', 'cores busy'):
       assert _number(row[column]) > 0, (column, row)
   # model-examples/s is members x batch x steps/s.
