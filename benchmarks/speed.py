@@ -655,7 +655,7 @@ class MeshfitCalls(Variant):
       table_z = self._parts.table(feed)
       calls = -(-num_steps // self._k)
       bounded = _Bounded(always=True)
-      jax.block_until_ready(table_z)
+      jax.block_until_ready(table_z)  # its upload is set-up, not training
       cpu = time.process_time()
       start = time.perf_counter()
       for _ in range(calls):
