@@ -15,7 +15,12 @@ plus bfloat16-compute variants, meshfit with checkpoints by the clock, the
 input pipeline alone and, but for large (whose calls are single steps), a
 ladder from meshfit's bare jitted calls (1 step each, then as many as meshfit
 runs per call) to its whole loop. The norm section times the logged gradient
-norm of each size both ways `steps.global_norm` can compute it.
+norm of each size both ways `steps.global_norm` can compute it. The members
+section trains ensembles of --members models of --members_size (each on its
+own batch) through meshfit's jitted calls, against one model, and splits
+their step into its matmuls, Adam's update, the input pipeline and the rest;
+with several devices, each ensemble's members split over as many as divide
+them (a single model on one device).
 Time to the first step (cold, warm and without the persistent compilation
 cache) is measured in fresh processes.
 
@@ -47,6 +52,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import os
 import platform
 import shutil
@@ -79,13 +85,13 @@ from configs import default  # noqa: E402
 from input_pipeline import tables  # noqa: E402
 from input_pipeline.tables import Table  # noqa: E402
 from meshfit import (call_plan, config as config_lib, data,  # noqa: E402
-                     feeding, in_flight, loop, runtime, sharding,
+                     feeding, in_flight, loop, optim, runtime, sharding,
                      state as state_lib, steps)
 from meshfit.features import FeatureStats, InputLayout  # noqa: E402
 from models import mlp  # noqa: E402
 
 SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
-            'norm', 'first_step')
+            'norm', 'first_step', 'members')
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('sizes', ['tiny', 'small', 'medium', 'large'],
@@ -100,6 +106,10 @@ flags.DEFINE_list('sections', list(SECTIONS),
                   f'Any of {", ".join(SECTIONS)}.')
 flags.DEFINE_string('first_step_size', 'small',
                     'Model size of the time-to-first-step section.')
+flags.DEFINE_list('members', ['1', '8', '32', '128'],
+                  'Ensemble sizes of the members section.')
+flags.DEFINE_string('members_size', 'small',
+                    'Model size of the members section.')
 flags.DEFINE_integer('torch_threads', 0, 'torch.set_num_threads for the '
                      'PyTorch rows; 0 keeps its default (one per core). Its '
                      'OpenMP threads spin at barriers and slow down badly '
@@ -235,11 +245,12 @@ class _Bounded:
         jax.block_until_ready(done)
 
 
-def _steps_per_call(config, size: Size) -> int:
-  """meshfit's call length for `size` (one process: checkpoints written in
-  the background end no call)."""
+def _steps_per_call(config, size: Size, members: int = 1) -> int:
+  """meshfit's call length for `members` models of `size` (one process:
+  checkpoints written in the background end no call)."""
   return call_plan.choose_steps_per_call(
-      config.steps_per_call, size.flops_per_step, jax.devices()[0].platform,
+      config.steps_per_call, size.flops_per_step * members,
+      jax.devices()[0].platform,
       (config.log_every_steps, config.eval_every_steps))
 
 
@@ -498,31 +509,52 @@ class Torch(Variant):
     return time.perf_counter() - start
 
 
-class _MeshfitParts:
-  """meshfit's set-up, state and input pipeline, without its loop."""
+def _member_devices(members: int) -> list[jax.Device]:
+  """The devices an ensemble of `members` trains on in the members section:
+  one per member group, as many as divide it (one for a single model, which
+  data parallelism over CPU devices slows down with an all-reduce a step)."""
+  return jax.devices()[:math.gcd(members, jax.device_count())]
 
-  def __init__(self, size: Size, data: Data):
+
+class _MeshfitParts:
+  """meshfit's set-up, state and input pipeline, without its loop, as
+  `loop.train_and_evaluate` makes them for an ensemble of `members`.
+
+  On every device with batches split over them (the default mesh), or with
+  `devices`, on those with the members split over them (`mesh.members`).
+  """
+
+  def __init__(self, size: Size, data: Data, members: int = 1,
+               optimizer: str = 'adam',
+               devices: Sequence[jax.Device] | None = None):
     config = _meshfit_config(size, dtype='float32', num_train_steps=None,
                              checkpoint_every_seconds=None, cache_dir='')
-    self.config, self.data, self.size = config, data, size
+    config.model.ensemble_size = members
+    config.optimizer.name = optimizer
+    mesh = None
+    if devices is not None:
+      config.mesh.members, config.mesh.data = len(devices), 1
+      mesh = sharding.make_mesh(1, 1, devices, members=len(devices))
+    self.config = config_lib.parse(config)
+    self.data, self.size, self.members = data, size, members
     self.layout = InputLayout.numbers(size.num_features)
-    self.setup = runtime.make_setup(config_lib.parse(config), self.layout,
-                                    size.num_targets)
+    self.setup = runtime.make_setup(self.config, self.layout,
+                                    size.num_targets, mesh)
     self.stats = FeatureStats.fit(self.layout, data.x_NxF, data.y_NxT)
     self.state = state_lib.create_train_state(
-        self.setup.arch, self.setup.tx, self.setup.mesh, config.seed,
-        self.stats)
-    self.resident = feeding.fits_on_device(data.x_NxF, data.y_NxT,
-                                           config.dataset.resident_table_mb)
+        self.setup.arch, self.setup.tx, self.setup.mesh, self.config.seed,
+        self.stats, optim.Hyperparameters.of(self.config))
+    self.resident = feeding.fits_on_device(
+        data.x_NxF, data.y_NxT, self.config.dataset.resident_table_mb)
 
   def feed(self, steps_per_call: int) -> feeding.TrainFeed:
     """The training loop's feed (`chunks(itertools.repeat(k))` draws calls
     of k steps)."""
     return feeding.TrainFeed(
         self.data.x_NxF, self.data.y_NxT, batch_size=self.size.batch_size,
-        seed=0, mesh=self.setup.mesh, steps_per_call=steps_per_call,
-        resident=self.resident,
-        prefetch=self.config.dataset.prefetch_batches)
+        seed=self.config.seed, mesh=self.setup.mesh,
+        steps_per_call=steps_per_call, resident=self.resident,
+        prefetch=self.config.dataset.prefetch_batches, members=self.members)
 
   def table(self, feed: feeding.TrainFeed) -> dict[str, jax.Array]:
     if not self.resident:
@@ -539,20 +571,27 @@ class Pipeline(Variant):
   encoding streamed rows), for every batch of the call; nothing trained.
   """
 
-  def __init__(self, size: Size, data: Data):
+  def __init__(self, size: Size, data: Data, members: int = 1,
+               devices: Sequence[jax.Device] | None = None):
     self.name = 'input pipeline alone'
+    if members > 1:
+      self.name += f', {members} members'
     self.max_steps_factor = 100  # a batch costs far less than a step
-    self._parts = _MeshfitParts(size, data)
-    self._k = _steps_per_call(self._parts.config, size)
+    self._parts = _MeshfitParts(size, data, members, devices=devices)
+    self._k = _steps_per_call(self._parts.config, size, members)
     chunk_sharding = sharding.chunk_sharding(self._parts.setup.mesh)
     layout = self._parts.layout
 
     def batches(stats, table_z, chunk):
-      if 'idx' in chunk:
+      if 'idx' in chunk:  # K x M x B rows of the table
         out = {name: a[chunk['idx']] for name, a in table_z.items()}
-      else:  # each of the K batches as train_call encodes it
-        out = jax.vmap(lambda x, y: steps.encode(
-            stats, layout, {'x': x, 'y': y}))(chunk['x'], chunk['y'])
+      else:  # each of the K x M batches as train_call encodes it
+        x, y = chunk['x'], chunk['y']
+        flat = steps.encode(stats, layout,
+                            {'x': x.reshape(-1, x.shape[-1]),
+                             'y': y.reshape(-1, y.shape[-1])})
+        out = {name: a.reshape(x.shape[:3] + a.shape[1:])
+               for name, a in flat.items()}
       return jax.lax.with_sharding_constraint(out, chunk_sharding)
     # Placed as train_call places a chunk (see steps.jit_train_call).
     self._batches = jax.jit(batches, in_shardings=(None, None,
@@ -581,17 +620,31 @@ class Pipeline(Variant):
 
 class MeshfitCalls(Variant):
   """meshfit's jitted train calls and TrainFeed, without the rest of its
-  loop (no loss checks, logging, evaluation or checkpoints)."""
+  loop (no loss checks, logging, evaluation or checkpoints).
 
-  def __init__(self, size: Size, data: Data, steps_per_call: int):
-    parts = _MeshfitParts(size, data)
+  With `members`, one ensemble of that many models of `size`, each on its
+  own batch of size.batch_size, as `model.ensemble_size` trains them.
+  """
+
+  def __init__(self, size: Size, data: Data, steps_per_call: int,
+               members: int = 1, optimizer: str = 'adam',
+               devices: Sequence[jax.Device] | None = None):
+    parts = _MeshfitParts(size, data, members, optimizer, devices)
     self.name = f'mf: train calls of {steps_per_call} step' + (
         's' if steps_per_call > 1 else '')
+    if members > 1 or optimizer != 'adam':
+      self.name += f', {members} member' + ('s' if members > 1 else '')
+    if optimizer != 'adam':
+      self.name += f', {optimizer}'
+    self.members, self.steps_per_call = members, steps_per_call
+    # (seconds per step, process CPU seconds / wall seconds) of each run:
+    # more than 1 core busy shows XLA running the step on several threads.
+    self.runs: list[tuple[float, float]] = []
     self._parts, self._k = parts, steps_per_call
     self._step = steps.jit_train_call(
-        parts.setup.graphdef, parts.layout, parts.setup.tx,
+        parts.setup.graphdef, parts.layout, parts.setup.member_tx,
         parts.setup.shardings, parts.setup.mesh,
-        parts.config.log_every_steps)
+        parts.config.log_every_steps, parts.setup.dropout)
     self._state = parts.state
     self.run(2 * steps_per_call)
 
@@ -602,6 +655,8 @@ class MeshfitCalls(Variant):
       table_z = self._parts.table(feed)
       calls = -(-num_steps // self._k)
       bounded = _Bounded(always=True)
+      jax.block_until_ready(table_z)  # its upload is set-up, not training
+      cpu = time.process_time()
       start = time.perf_counter()
       for _ in range(calls):
         n, chunk = next(chunks)
@@ -610,10 +665,77 @@ class MeshfitCalls(Variant):
         bounded.add(losses)
       bounded.drain()
       jax.block_until_ready(self._state)
+      wall = time.perf_counter() - start
+      self.runs.append((wall / (calls * self._k),
+                        (time.process_time() - cpu) / wall))
       # Per step: the last call may run a few more than asked.
-      return (time.perf_counter() - start) * num_steps / (calls * self._k)
+      return wall * num_steps / (calls * self._k)
     finally:
       feed.close()
+
+
+class MemberMatmuls(Variant):
+  """The matmuls of an ensemble's steps and nothing else, as its vmapped
+  step has them.
+
+  Each layer's forward dot and, through `jax.vjp` of the layers without
+  biases or activations, its weight and input gradients, batched over a
+  leading member dimension; calls of `steps_per_call` steps in a
+  `fori_loop` like meshfit's, each step's weights moved by a tiny multiple
+  of its gradients so that no step can be hoisted out of the loop.
+  """
+
+  def __init__(self, size: Size, data: Data, steps_per_call: int,
+               members: int, devices: Sequence[jax.Device]):
+    self.name = f'matmuls alone, {members} member' + (
+        's' if members > 1 else '')
+    self.max_steps_factor = 10  # a step's matmuls cost less than the step
+    self._k = steps_per_call
+    # The members split over `devices`, as meshfit's mesh.members does.
+    mesh = jax.sharding.Mesh(np.array(devices), ('members',))
+    per_member = NamedSharding(mesh, P('members'))
+    batches = NamedSharding(mesh, P(None, 'members'))
+
+    def stacked(a_NxC):  # NUM_BATCHES x M x B x C, every member alike
+      a = a_NxC.reshape(NUM_BATCHES, size.batch_size, -1)
+      return jax.device_put(np.repeat(a[:, None], members, axis=1), batches)
+    self._x, self._y = stacked(data.x_NxF), stacked(data.y_NxT)
+    self._weights = jax.device_put(
+        [np.repeat(np.asarray(w)[None], members, axis=0)
+         for w, _ in _init_mlp(size)], per_member)
+
+    def member(weights, x_BxF, g_BxT):
+      def forward(weights):
+        h = x_BxF
+        for w in weights:
+          h = h @ w
+        return h
+      return jax.vjp(forward, weights)[1](g_BxT)[0]
+
+    def call(weights, x, y):
+      def body(i, weights):
+        grads = jax.vmap(member)(weights, x[i % NUM_BATCHES],
+                                 y[i % NUM_BATCHES])
+        return [w - 1e-9 * g for w, g in zip(weights, grads)]
+      return jax.lax.fori_loop(0, steps_per_call, body, weights)
+    self._call = jax.jit(call, donate_argnums=0)
+    self.run(steps_per_call)
+
+  @staticmethod
+  def flops_per_member_step(size: Size) -> float:
+    """Multiply-adds x 2 of a step: every layer's forward and weight
+    gradient dots, and the input gradient of all but the first."""
+    dims = list(zip(size.layer_sizes[:-1], size.layer_sizes[1:]))
+    macs = 2 * sum(a * b for a, b in dims) + sum(a * b for a, b in dims[1:])
+    return 2.0 * macs * size.batch_size
+
+  def run(self, num_steps: int) -> float:
+    calls = -(-num_steps // self._k)
+    start = time.perf_counter()
+    for _ in range(calls):
+      self._weights = self._call(self._weights, self._x, self._y)
+    jax.block_until_ready(self._weights)
+    return (time.perf_counter() - start) * num_steps / (calls * self._k)
 
 
 # ---------------------------------------------------------------------------
@@ -755,6 +877,106 @@ def norm_report(results: dict[str, dict[str, list[float]]]) -> str:
           f'{steps.ONE_REDUCTION_MAX_ELEMENTS:,} parameters)\n\n'
           + markdown_table(['size', 'parameters', 'one reduction (us)',
                             'per leaf (us)', 'meshfit uses'], rows))
+
+
+# ---------------------------------------------------------------------------
+# Many members in one program (issue 14).
+
+
+def member_variants(size: Size, data: Data, members: Sequence[int]
+                    ) -> dict[int, dict[str, Variant]]:
+  """For each ensemble size: meshfit's train calls ('calls'), the same with
+  SGD ('sgd': what Adam's update adds), its input pipeline alone and the
+  matmuls alone, all in calls of the length meshfit's loop picks for that
+  many members."""
+  config = _meshfit_config(size, dtype='float32', num_train_steps=None,
+                           checkpoint_every_seconds=None, cache_dir='')
+  v = {}
+  for m in members:
+    k, devices = _steps_per_call(config, size, m), _member_devices(m)
+    v[m] = {'calls': MeshfitCalls(size, data, k, m, devices=devices),
+            'sgd': MeshfitCalls(size, data, k, m, 'sgd', devices),
+            'pipeline': Pipeline(size, data, m, devices),
+            'matmuls': MemberMatmuls(size, data, k, m, devices)}
+  return v
+
+
+def members_section(size_name: str, members: Sequence[int], repeats: int,
+                    peaks: dict[str, list[float]], have_torch: bool,
+                    seconds: float | None) -> dict[str, Any]:
+  """Every variant of `member_variants` once per round, interleaved."""
+  size = SIZES[size_name]
+  variants = member_variants(size, make_data(size), members)
+  flat = [v for parts in variants.values() for v in parts.values()]
+  try:
+    rates, counts = run_rounds(flat, FLAGS.steps or size.default_steps,
+                               repeats, peaks, have_torch, seconds)
+  finally:
+    for v in flat:
+      v.close()
+  by_members = {}
+  for m, parts in variants.items():
+    by_members[str(m)] = {
+        'steps_per_call': parts['calls'].steps_per_call,
+        'devices': len(_member_devices(m)),
+        'variants': {part: v.name for part, v in parts.items()},
+        # CPU / wall of the fastest run (the round the rate comes from).
+        'cores': min(parts['calls'].runs)[1]}
+  return {'size': size_name, 'repeats': repeats, 'rates': rates,
+          'counts': counts, 'members': by_members}
+
+
+def members_report(res: dict[str, Any], peak_f32: float) -> str:
+  """The ensembles' speed beside one model's, then where a step goes."""
+  size, rates, counts = SIZES[res['size']], res['rates'], res['counts']
+  best = {name: max(r) for name, r in rates.items()}
+  one = res['members'].get('1')
+  one_rate = best[one['variants']['calls']] if one else None
+  rows, parts = [], []
+  for m, info in res['members'].items():
+    names, k = info['variants'], int(m)
+    rate = best[names['calls']]
+    gflops = rate * k * size.flops_per_step / 1e9
+    rows.append([m, str(info['devices']), f'{info["steps_per_call"]:,}',
+                 f'{counts[names["calls"]]:,}', _num(rate),
+                 _num(statistics.median(rates[names['calls']])),
+                 f'{rate * k * size.batch_size:,.0f}',
+                 _fmt(None if one_rate is None else rate * k / one_rate),
+                 _num(gflops), f'{100 * gflops / peak_f32:.1f}%',
+                 f'{info["cores"]:.2f}'])
+    step_us = 1e6 / rate
+    matmul_us = 1e6 / best[names['matmuls']]
+    adam_us = step_us - 1e6 / best[names['sgd']]
+    pipeline_us = 1e6 / best[names['pipeline']]
+    rest_us = step_us - matmul_us - adam_us - pipeline_us
+    matmul_gflops = (k * MemberMatmuls.flops_per_member_step(size)
+                     / matmul_us / 1e3)
+
+    def share(us):
+      return f'{us:,.0f} ({100 * us / step_us:.0f}%)'
+    parts.append([m, f'{step_us:,.0f}', f'{step_us / k:,.1f}',
+                  share(matmul_us), share(adam_us), share(pipeline_us),
+                  share(rest_us), _num(matmul_gflops),
+                  f'{100 * matmul_gflops / peak_f32:.1f}%'])
+  rounds = len(next(iter(rates.values())))
+  return '\n'.join([
+      f'\n### Many members in one program ({res["size"]}: '
+      f'{" -> ".join(map(str, size.layer_sizes))}, batch '
+      f'{size.batch_size} per member, {size.num_params:,} params per member; '
+      f'best of {rounds} rounds)\n',
+      'meshfit\'s jitted train calls and TrainFeed for an ensemble of M '
+      'members in calls of the length its loop picks; model-examples/s is '
+      'M x batch x steps/s; cores busy is process CPU time / wall time.\n',
+      markdown_table(['members', 'devices', 'steps/call', 'steps', 'steps/s',
+                      'median', 'model-examples/s', 'x 1 member', 'GFLOP/s',
+                      'of peak', 'cores busy'], rows),
+      '\nWhere a step goes (us per step of all M members, each part timed '
+      'alone in calls of the same length: the matmuls alone, Adam\'s update '
+      'as the difference from SGD\'s, the input pipeline alone; rest: '
+      'activations, loss, bias gradients, gradient norms, metrics):\n',
+      markdown_table(['members', 'step (us)', 'per member (us)', 'matmuls',
+                      'Adam over SGD', 'input pipeline', 'rest',
+                      'matmul GFLOP/s', 'of peak'], parts)])
 
 
 # ---------------------------------------------------------------------------
@@ -938,6 +1160,8 @@ def report(results: dict[str, Any]) -> str:
 
   if 'norm' in results:
     out.append(norm_report(results['norm']))
+  if 'members' in results:
+    out.append(members_report(results['members'], peak_f32))
   if 'first_step' in results:
     fs = results['first_step']
     out.append(f'\n### Time to first step ({fs["size"]}, fresh process; '
@@ -989,7 +1213,9 @@ def main(argv: Sequence[str]) -> None:
   if FLAGS.first_step_child:
     _first_step_child(json.loads(FLAGS.first_step_child))
     return
-  bad = set(FLAGS.sizes) - set(SIZES) or set(FLAGS.sections) - set(SECTIONS)
+  bad = (set(FLAGS.sizes) - set(SIZES) or set(FLAGS.sections) - set(SECTIONS)
+         or {FLAGS.members_size} - set(SIZES)
+         or {m for m in FLAGS.members if not m.isdigit() or int(m) < 1})
   if bad:
     sys.exit(f'error: unknown {sorted(bad)}; sizes: {", ".join(SIZES)}; '
              f'sections: {", ".join(SECTIONS)}')
@@ -1030,6 +1256,13 @@ def main(argv: Sequence[str]) -> None:
         if getattr(v, 'checkpoints', None):
           results['sizes'][size_name]['checkpoints'] = v.checkpoints
       print(f'{size_name}: done', flush=True)
+    if 'members' in FLAGS.sections:
+      print(f'{FLAGS.members_size}: members {", ".join(FLAGS.members)}...',
+            flush=True)
+      results['members'] = members_section(
+          FLAGS.members_size, [int(m) for m in FLAGS.members], FLAGS.repeats,
+          results['peaks'], have_torch,
+          None if FLAGS.steps else FLAGS.seconds)
     if 'norm' in FLAGS.sections:
       print('gradient norm...', flush=True)
       results['norm'] = norm_section(FLAGS.sizes, FLAGS.repeats,

@@ -31,6 +31,63 @@ def test_speed_norm_section_reports_both_ways_and_the_one_meshfit_takes():
     assert float(cells[2].replace(',', '')) > 0
 
 
+def test_speed_members_section_reports_each_ensemble_and_its_parts():
+  env = dict(os.environ, NO_GCE_CHECK='true')
+  env.pop('XLA_FLAGS', None)  # the benchmark runs on the process's devices
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'benchmarks', 'speed.py'),
+       '--sections=members', '--members_size=small', '--members=1,8',
+       '--repeats=1', '--seconds=0.05'],
+      capture_output=True, text=True, env=env, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  tables = [[[c.strip() for c in line.split('|')[1:-1]] for line in block]
+            for block in _tables(result.stdout)]
+  speed, parts = [t for t in tables if t[0][0] == 'members']
+  assert speed[0] == ['members', 'devices', 'steps/call', 'steps', 'steps/s',
+                      'median', 'model-examples/s', 'x 1 member', 'GFLOP/s',
+                      'of peak', 'cores busy']
+  assert parts[0] == ['members', 'step (us)', 'per member (us)', 'matmuls',
+                      'Adam over SGD', 'input pipeline', 'rest',
+                      'matmul GFLOP/s', 'of peak']
+  assert [row[0] for row in speed[2:]] == ['1', '8']
+  assert [row[0] for row in parts[2:]] == ['1', '8']
+  one, eight = (dict(zip(speed[0], row)) for row in speed[2:])
+  assert one['x 1 member'] == '1.00x'
+  for row in (one, eight):
+    assert row['steps/call'] == '100'  # the small model's calls, 1 or 8
+    assert row['devices'] == '1'
+    for column in ('steps/s', 'model-examples/s', 'GFLOP/s', 'cores busy'):
+      assert _number(row[column]) > 0, (column, row)
+  # model-examples/s is members x batch x steps/s.
+  assert _number(eight['model-examples/s']) == pytest.approx(
+      8 * 256 * _number(eight['steps/s']), rel=0.01)
+  assert float(eight['x 1 member'].rstrip('x')) == pytest.approx(
+      _number(eight['model-examples/s']) / _number(one['model-examples/s']),
+      abs=0.01)
+  for row in parts[2:]:
+    cells = dict(zip(parts[0], row))
+    assert _number(cells['step (us)']) > 0
+    assert _number(cells['matmuls'].split()[0]) > 0
+    assert _number(cells['input pipeline'].split()[0]) > 0
+    assert _number(cells['matmul GFLOP/s']) > 0
+
+
+def _tables(text: str) -> list[list[str]]:
+  """The markdown tables of `text`, each as its lines."""
+  tables, block = [], []
+  for line in text.splitlines() + ['']:
+    if line.startswith('|'):
+      block.append(line)
+    elif block:
+      tables.append(block)
+      block = []
+  return tables
+
+
+def _number(cell: str) -> float:
+  return float(cell.replace(',', '').rstrip('%x'))
+
+
 def test_matmul_isa_section_measures_both_instructions_or_says_why_not():
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, 'benchmarks', 'matmul.py'),
