@@ -165,8 +165,15 @@ def train_step(state: TrainState, batch_z: Batch, *,
     return (optax.apply_updates(params, updates), opt_state, loss,
             global_norm(grads, params_partitioned))
 
-  params, opt_state, loss_M, grad_norm_M = jax.vmap(member)(
-      state.params, state.opt_state, state.hparams, state.rng_Mx2, batch_z)
+  members = (state.params, state.opt_state, state.hparams, state.rng_Mx2,
+             batch_z)
+  if state.num_members == 1:
+    # A single model runs as itself, not as a vmap of one: XLA:CPU lays the
+    # vmapped weight-gradient dots out transposed, and slower.
+    params, opt_state, loss_M, grad_norm_M = jax.tree.map(
+        lambda a: a[None], member(*jax.tree.map(lambda a: a[0], members)))
+  else:
+    params, opt_state, loss_M, grad_norm_M = jax.vmap(member)(*members)
 
   step_metrics = TrainMetrics.single_from_model_output(
       loss=_finite_mean(loss_M, loss_M), grad_norm=_finite_mean(grad_norm_M,
