@@ -124,7 +124,8 @@ def train_step(state: TrainState, batch_z: Batch, *,
                member_tx: Callable[[Hyperparameters],
                                    optax.GradientTransformation],
                log_every_steps: int, params_partitioned: bool = True,
-               dropout: bool = False) -> tuple[TrainState, jax.Array]:
+               dropout: bool = False, update_metrics: bool = True
+               ) -> tuple[TrainState, jax.Array, jax.Array]:
   """One optimizer step of every member on its own batch.
 
   The members are vmapped: each has its own parameters, optimizer state,
@@ -143,11 +144,12 @@ def train_step(state: TrainState, batch_z: Batch, *,
     params_partitioned: some parameter may be split over the 'model' axis
       (see `global_norm`).
     dropout: some member has a positive dropout rate (static).
+    update_metrics: accumulate this step into the state's train metrics
+      (`train_call` does it once per call instead: see `_merge_steps`).
 
   Returns:
-    The new state and this step's losses, one per member (replicated: the
-    loop uses them to bound the steps in flight and to catch a member, or
-    all, diverging).
+    The new state, and this step's losses and gradient norms, one per
+    member (M).
   """
   def member(params, opt_state, hparams, rng, batch):
     key = (jax.random.fold_in(jax.random.wrap_key_data(rng), state.step)
@@ -175,26 +177,45 @@ def train_step(state: TrainState, batch_z: Batch, *,
   else:
     params, opt_state, loss_M, grad_norm_M = jax.vmap(member)(*members)
 
-  step_metrics = TrainMetrics.single_from_model_output(
-      loss=_finite_mean(loss_M, loss_M), grad_norm=_finite_mean(grad_norm_M,
-                                                                loss_M))
-  empty = TrainMetrics.empty()
-  new_window = state.step % log_every_steps == 0
-  previous = jax.tree.map(lambda e, m: jnp.where(new_window, e, m),
-                          empty, state.train_metrics)
-  train_metrics = jax.tree.map(lambda m, e: m.astype(e.dtype),
-                               previous.merge(step_metrics), empty)
+  train_metrics = state.train_metrics
+  if update_metrics:
+    train_metrics = _merge_step(train_metrics, state.step, loss_M,
+                                grad_norm_M, log_every_steps)
   return state.replace(step=state.step + 1, params=params,
                        opt_state=opt_state,
-                       train_metrics=train_metrics), loss_M
+                       train_metrics=train_metrics), loss_M, grad_norm_M
+
+
+def _merge_step(train_metrics: TrainMetrics, step: jax.Array,
+                loss_M: jax.Array, grad_norm_M: jax.Array,
+                log_every_steps: int) -> TrainMetrics:
+  """The train metrics with the step that starts at `step` added: the
+  members' mean (finite ones), in a window that restarts with each step
+  after a multiple of `log_every_steps`."""
+  return _merge_means(train_metrics, step, _finite_mean(loss_M, loss_M),
+                      _finite_mean(grad_norm_M, loss_M), log_every_steps)
+
+
+def _merge_means(train_metrics: TrainMetrics, step: jax.Array,
+                 loss: jax.Array, grad_norm: jax.Array,
+                 log_every_steps: int) -> TrainMetrics:
+  step_metrics = TrainMetrics.single_from_model_output(loss=loss,
+                                                       grad_norm=grad_norm)
+  empty = TrainMetrics.empty()
+  new_window = step % log_every_steps == 0
+  previous = jax.tree.map(lambda e, m: jnp.where(new_window, e, m),
+                          empty, train_metrics)
+  return jax.tree.map(lambda m, e: m.astype(e.dtype),
+                      previous.merge(step_metrics), empty)
 
 
 def _finite_mean(values_M: jax.Array, loss_M: jax.Array) -> jax.Array:
   """The mean of `values_M` over members whose loss is finite (NaN if
-  none is): a diverged member does not hide the others' progress."""
+  none is), over the last axis: a diverged member does not hide the others'
+  progress."""
   ok = jnp.isfinite(loss_M)
-  count = jnp.sum(ok)
-  return jnp.where(count > 0, jnp.sum(jnp.where(ok, values_M, 0.0))
+  count = jnp.sum(ok, axis=-1)
+  return jnp.where(count > 0, jnp.sum(jnp.where(ok, values_M, 0.0), axis=-1)
                    / jnp.maximum(count, 1), jnp.nan)
 
 
@@ -236,7 +257,7 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
   partitioned = batch_sharding.mesh.shape[sharding.MODEL] > 1
 
   def body(i, carry):
-    state, losses_KxM = carry
+    state, losses_KxM, norms_KxM = carry
     if 'idx' in chunk:
       idx_MxB = chunk['idx'][i]
       batch_z = {name: a[idx_MxB] for name, a in table_z.items()}
@@ -248,19 +269,46 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
       batch_z = {name: a.reshape(x_MxBxF.shape[:2] + a.shape[1:])
                  for name, a in flat.items()}
     batch_z = jax.lax.with_sharding_constraint(batch_z, batch_sharding)
-    state, loss_M = train_step(state, batch_z, graphdef=graphdef,
-                               member_tx=member_tx,
-                               log_every_steps=log_every_steps,
-                               params_partitioned=partitioned,
-                               dropout=dropout)
-    return state, losses_KxM.at[i].set(loss_M)
+    state, loss_M, grad_norm_M = train_step(
+        state, batch_z, graphdef=graphdef, member_tx=member_tx,
+        log_every_steps=log_every_steps, params_partitioned=partitioned,
+        dropout=dropout, update_metrics=False)
+    return (state, losses_KxM.at[i].set(loss_M),
+            norms_KxM.at[i].set(grad_norm_M))
 
-  carry = (state, jnp.zeros((k, m), jnp.float32))
+  # Kept split over 'members' like the members themselves, so that a step
+  # needs nothing from another member's devices.
+  zeros_KxM = jax.lax.with_sharding_constraint(
+      jnp.zeros((k, m), jnp.float32), NamedSharding(
+          batch_sharding.mesh, jax.sharding.PartitionSpec(
+              None, batch_sharding.spec[0])))
+  first_step = state.step
+  carry = (state, zeros_KxM, zeros_KxM)
   if k == 1:  # a call is never empty: no loop, and no copies it carries
-    state, losses_KxM = body(0, carry)
+    state, losses_KxM, norms_KxM = body(0, carry)
   else:
-    state, losses_KxM = jax.lax.fori_loop(0, num_steps, body, carry)
+    state, losses_KxM, norms_KxM = jax.lax.fori_loop(0, num_steps, body,
+                                                     carry)
+  state = state.replace(train_metrics=_merge_steps(
+      state.train_metrics, first_step, losses_KxM, norms_KxM, num_steps,
+      log_every_steps))
   return state, losses_KxM, state.train_metrics
+
+
+def _merge_steps(train_metrics: TrainMetrics, first_step: jax.Array,
+                 losses_KxM: jax.Array, norms_KxM: jax.Array,
+                 num_steps: jax.Array, log_every_steps: int) -> TrainMetrics:
+  """The train metrics with a call's steps added, one at a time as
+  `train_step` adds one (the same sums, in the same order), after the
+  call: the members' mean is the one value that crosses the member axis
+  while training, once per call rather than once per step."""
+  loss_K = _finite_mean(losses_KxM, losses_KxM)
+  grad_norm_K = _finite_mean(norms_KxM, losses_KxM)
+
+  def add(i, metrics):
+    return _merge_means(metrics, first_step + i, loss_K[i], grad_norm_K[i],
+                        log_every_steps)
+  return jax.lax.fori_loop(0, num_steps, add, train_metrics)
 
 
 def eval_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
@@ -301,7 +349,7 @@ def jit_train_step(graphdef: nnx.GraphDef, layout: InputLayout,
     batch_z = {name: a.reshape(x.shape[:2] + a.shape[1:])
                for name, a in flat.items()}
     return train_step(state, batch_z, graphdef=graphdef, member_tx=member_tx,
-                      log_every_steps=log_every_steps, dropout=dropout)
+                      log_every_steps=log_every_steps, dropout=dropout)[:2]
   return jax.jit(
       step,
       in_shardings=(state_shardings, {'x': batch, 'y': batch}),

@@ -1,5 +1,7 @@
 """Train and eval steps: sharded steps equal the one-device step."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -204,3 +206,38 @@ def test_a_sharded_member_axis_equals_one_device(ensemble_run, members,
   kernel = state.params['hidden'][0]['kernel']
   assert {s.data.shape[0] for s in kernel.addressable_shards} == {
       4 // members}
+
+
+def test_members_on_their_own_devices_exchange_nothing_while_they_train(
+    ensemble_run):
+  config, splits, _ = ensemble_run
+  config = config.copy_and_resolve_references()
+  config.mesh.members, config.mesh.data = 4, 1
+  mesh = sharding.make_mesh(1, 1, jax.devices()[:4], members=4)
+  parsed = config_lib.parse(config)
+  layout = InputLayout.numbers(splits.train.x_NxF.shape[1])
+  setup = runtime.make_setup(parsed, layout, splits.train.y_NxT.shape[1],
+                             mesh=mesh)
+  step_fn = steps.jit_train_call(setup.graphdef, layout, setup.member_tx,
+                                 setup.shardings, mesh, parsed.log_every_steps,
+                                 setup.dropout)
+  norm = FeatureStats.fit(layout, splits.train.x_NxF, splits.train.y_NxT)
+  state = state_lib.create_train_state(setup.arch, setup.tx, mesh, 0, norm,
+                                       optim.Hyperparameters.of(parsed))
+  feed = feeding.TrainFeed(
+      splits.train.x_NxF, splits.train.y_NxT, batch_size=parsed.batch_size,
+      seed=0, mesh=mesh, steps_per_call=8, resident=True, members=4)
+  table = steps.jit_encode(mesh, layout)(state.stats, feed.device_table())
+  _, chunk = next(feed.chunks([8]))
+  feed.close()
+  hlo = step_fn.lower(state, table, chunk, np.int32(8)).compile().as_text()
+  bodies = re.findall(r'while\(.*?body=(%?[\w.\-]+)', hlo)
+  assert bodies, 'the steps run in a while loop'
+  computations = dict(re.findall(r'\n(%?[\w.\-]+) [^\n]*\{\n(.*?)\n\}', hlo,
+                                 flags=re.S))
+  collectives = ('all-reduce', 'all-gather', 'collective-permute',
+                 'all-to-all', 'reduce-scatter')
+  for body in bodies:
+    assert not [c for c in collectives if c in computations[body]], body
+  # Combining them (the call's metrics and losses) is what crosses devices.
+  assert any(c in hlo for c in collectives)
