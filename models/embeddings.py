@@ -9,6 +9,7 @@ vocabulary.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.special
 from flax import nnx
 
 # Logical axis names of the embeddings (see also models/mlp.py).
@@ -24,8 +25,10 @@ VOCAB_ROWS_MULTIPLE = 64
 def normal_quantile_edges(bins: int) -> np.ndarray:
   """bins + 1 edges: equal-probability bins of a standard normal, the outer
   edges at +-3 (numbers scaled to a normal fall in equal shares)."""
-  inner = jax.scipy.special.ndtri(np.arange(1, bins) / bins)
-  return np.concatenate([[-3.0], np.asarray(inner), [3.0]]).astype(np.float32)
+  # scipy's, not jax.scipy's: numpy constants even while the model is
+  # traced (nnx.eval_shape, jit), where a jax op would give a tracer.
+  inner = scipy.special.ndtri(np.arange(1, bins) / bins)
+  return np.concatenate([[-3.0], inner, [3.0]]).astype(np.float32)
 
 
 class PiecewiseLinear(nnx.Module):

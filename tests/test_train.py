@@ -340,3 +340,13 @@ def test_checkpoints_by_the_clock_are_that_far_apart(small_config, tmp_path):
   # itself exactly.
   assert 4 <= len(written) <= 10, written
   assert 0.3 < np.median(np.diff(written)) < 1.2, np.diff(written)
+
+
+def test_piecewise_linear_inputs_train_and_evaluate(small_config, tmp_path):
+  # The PLE bins' edges are computed while the model is traced: they must
+  # be numpy constants there, not jax values.
+  small_config.model.numeric_embedding = 'ple'
+  small_config.dataset.numeric_scaling = 'quantile'
+  small_config.model.ensemble_size = 2
+  final = loop.train_and_evaluate(small_config, str(tmp_path))
+  assert final['step'] == 60 and np.isfinite(final['rmse'])
