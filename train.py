@@ -28,8 +28,12 @@ DIVERGED_EXIT = 3  # a non-finite loss: not bad usage, not a crash
 def _fail(message: str) -> None:
   """One `error:` line on stderr and exit status 2: bad input, no traceback."""
   sys.stderr.write(f'error: {message}\n')
+  sys.stdout.flush()
   sys.stderr.flush()
-  sys.exit(USAGE_EXIT)
+  # Not sys.exit: the interpreter's teardown can print after the error line
+  # (Orbax's event loop after a failed restore: "Event loop is closed"), and
+  # a usage error leaves nothing that teardown must finish.
+  os._exit(USAGE_EXIT)
 
 
 def _config_error(e: Exception, argv: list[str]) -> str:

@@ -67,4 +67,5 @@ def test_prepared_csv_dataset_loads_with_none(tmp_path):
   dataset.train_path = str(tmp_path / 'train.csv')
   dataset.eval_path = str(tmp_path / 'eval.csv')
   dataset.target_columns = ('y',)
-  assert _load_twice(dataset, train_rows=40) == []
+  # configs/csv.py holds a fifth of the 40 rows out for validation.
+  assert _load_twice(dataset, train_rows=32) == []
