@@ -544,14 +544,15 @@ class _MeshfitParts:
     self.state = state_lib.create_train_state(
         self.setup.arch, self.setup.tx, self.setup.mesh, self.config.seed,
         self.stats, optim.Hyperparameters.of(self.config))
+    self.table_ = data.splits(0).train
     self.resident = feeding.fits_on_device(
-        data.x_NxF, data.y_NxT, self.config.dataset.resident_table_mb)
+        self.table_, self.config.dataset.resident_table_mb)
 
   def feed(self, steps_per_call: int) -> feeding.TrainFeed:
     """The training loop's feed (`chunks(itertools.repeat(k))` draws calls
     of k steps)."""
     return feeding.TrainFeed(
-        self.data.x_NxF, self.data.y_NxT, batch_size=self.size.batch_size,
+        self.table_, batch_size=self.size.batch_size,
         seed=self.config.seed, mesh=self.setup.mesh,
         steps_per_call=steps_per_call, resident=self.resident,
         prefetch=self.config.dataset.prefetch_batches, members=self.members)

@@ -107,6 +107,10 @@ class Store:
     return int(self._ends[-1]) if len(self._ends) else 0
 
   @property
+  def target_names(self) -> tuple[str, ...]:
+    return self.plan.targets
+
+  @property
   def nbytes(self) -> int:
     return self.num_examples * self.columns * DTYPE.itemsize
 

@@ -82,6 +82,32 @@ class Table:
     return self.x_NxF.shape[0]
 
   @property
+  def num_inputs(self) -> int:
+    return self.x_NxF.shape[1]
+
+  @property
+  def num_targets(self) -> int:
+    return self.y_NxT.shape[1]
+
+  @property
+  def columns(self) -> int:
+    return self.num_inputs + self.num_targets
+
+  @property
+  def nbytes(self) -> int:
+    return self.x_NxF.nbytes + self.y_NxT.nbytes
+
+  @property
+  def missing_I(self) -> np.ndarray:
+    """Per input column, whether any row lacks it (NaN)."""
+    return np.isnan(self.x_NxF).any(axis=0)
+
+  def read_rows(self, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop): inputs then targets (as a prepared store's)."""
+    return np.concatenate([self.x_NxF[start:stop], self.y_NxT[start:stop]],
+                          axis=1)
+
+  @property
   def feature_names(self) -> tuple[str, ...]:
     """The name of each input column (a datetime's parts apart)."""
     return self.plan.input_names

@@ -11,30 +11,50 @@ from jax.experimental import multihost_utils
 from input_pipeline import csv_regression, table_files, tables
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
+from input_pipeline.order import Blocks, hold_out_blocks
+from input_pipeline.store import Store
 from input_pipeline.tables import Table
 from meshfit.config import DatasetConfig
 
 # Mixed into the seed of the validation split, so that it is drawn apart
 # from the epochs' orders (which use the seed itself).
 _VALIDATION_STREAM = 0x5EED
+# The feature statistics (medians, quantiles, means) are computed from at
+# most about this many training rows: every k-th block of a larger table.
+STATS_ROWS = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class Splits:
-  """The resident tables of a run.
+  """The tables of a run.
 
   Attributes:
-    train: the rows to train on.
+    train: every row of the training split: in memory (`Table`), or, when
+      larger than `dataset.resident_table_mb`, prepared on disk (`Store`)
+      and read block by block.
     eval: the evaluation split.
     validation: rows held out of the training split to pick the best step,
       or None without validation.
     train_key: names the training data's content; every checkpoint records
       it, and a run resumes only on the same data.
+    train_blocks: the blocks of `train` trained on (those not held out);
+      None: all of it.
   """
-  train: Table
+  train: Table | Store
   eval: Table
   validation: Table | None = None
   train_key: str = ''
+  train_blocks: Blocks | None = None
+
+  @property
+  def blocks(self) -> Blocks:
+    """The rows of `train` that training reads."""
+    return (self.train_blocks if self.train_blocks is not None
+            else Blocks.of_table(self.train.num_examples))
+
+
+def _barrier(name: str) -> None:
+  multihost_utils.sync_global_devices(name)
 
 
 def _prepare(dataset: DatasetConfig) -> str:
@@ -42,29 +62,33 @@ def _prepare(dataset: DatasetConfig) -> str:
   data_dir = os.path.expanduser(dataset.data_dir)
   if dataset.name == csv_regression.NAME:
     tables.check_data_dir(data_dir)
+    train_path = dataset.train_path
+    train_path = (os.path.expanduser(train_path) if isinstance(train_path, str)
+                  else tuple(os.path.expanduser(p) for p in train_path))
+    # Every process prepares its share of the training files.
     return csv_regression.prepare(
-        os.path.expanduser(dataset.train_path),
-        os.path.expanduser(dataset.eval_path), dataset.target_columns,
-        dataset.feature_columns, dataset.categorical_columns, data_dir)
+        train_path, os.path.expanduser(dataset.eval_path),
+        dataset.target_columns, dataset.feature_columns,
+        dataset.categorical_columns, data_dir,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        barrier=_barrier if jax.process_count() > 1 else None)
   return tables.prepare_generated(dataset.name, data_dir)
 
 
 def _prepared_dir(dataset: DatasetConfig) -> str:
-  """Prepares the dataset if needed (process 0 only; others wait for it).
-
-  For csv_regression every process reads the files (to find their content
-  key), so they must be readable from every host.
-  """
+  """Prepares the dataset if needed; a generated one by process 0 while the
+  others wait (they would write the same files at once)."""
+  if dataset.name == csv_regression.NAME:
+    return _prepare(dataset)
   error = None
   if jax.process_index() == 0:
     try:
       _prepare(dataset)
     except DataError as e:
       # Raised after the barrier: the others would wait there forever.
-      # They then find nothing prepared, read the same files and fail too.
       error = e
   if jax.process_count() > 1:
-    # Every process writing the same files at once would corrupt them.
     multihost_utils.sync_global_devices('meshfit:prepare_dataset')
   if error is not None:
     raise error
@@ -72,42 +96,66 @@ def _prepared_dir(dataset: DatasetConfig) -> str:
 
 
 def load_splits(dataset: DatasetConfig, seed: int) -> Splits:
-  """Reads the training and evaluation splits of `dataset` into memory.
+  """The training and evaluation splits of `dataset`.
 
-  With `dataset.validation_fraction`, that fraction of the training rows,
-  drawn from `seed` (the same rows every run), is held out for validation.
+  A training table up to `dataset.resident_table_mb` is read into memory; a
+  larger one stays on disk, read in blocks by the training feed. With
+  `dataset.validation_fraction`, that fraction of the training table's
+  blocks, drawn from `seed` (the same rows every run), is held out for
+  validation and read into memory.
   """
   directory = _prepared_dir(dataset)
   if dataset.name == csv_regression.NAME:
-    train = csv_regression.read_split(directory, dataset.train_split)
+    train = csv_regression.open_split(directory, dataset.train_split)
+    if train.nbytes <= dataset.resident_table_mb * 2**20:
+      train = csv_regression.read_split(directory, dataset.train_split)
     evaluation = csv_regression.read_split(directory, dataset.eval_split)
     key = csv_regression.manifest(directory)['train_key']
   else:
     train = tables.read_split(directory, dataset.train_split)
     evaluation = tables.read_split(directory, dataset.eval_split)
     key = f'{dataset.name}:{dataset.train_split}'
-  validation = None
-  if dataset.validation_fraction:
-    train, validation = hold_out(train, dataset.validation_fraction, seed)
-  return Splits(train, evaluation, validation, key)
+  if not dataset.validation_fraction:
+    return Splits(train, evaluation, None, key)
+  blocks, validation = hold_out(train, dataset.validation_fraction, seed)
+  return Splits(train, evaluation, validation, key, blocks)
 
 
-def hold_out(table: Table, fraction: float, seed: int) -> tuple[Table, Table]:
-  """(the rest, `fraction` of the rows drawn from `seed`), rows in order.
+def hold_out(table: Table | Store, fraction: float, seed: int
+             ) -> tuple[Blocks, Table]:
+  """(the blocks to train on, the held-out rows): `fraction` of the table's
+  blocks (of about 1/1024 of it, one row for a small table), drawn from
+  `seed`, rows in table order.
 
   Raises:
     DataError: too few rows to hold any out and keep some to train on.
   """
   n = table.num_examples
-  held = int(round(fraction * n))
-  if held < 1 or held >= n:
+  chosen = hold_out_blocks(n, fraction, seed, _VALIDATION_STREAM)
+  if chosen is None:
     raise DataError(f'the training split has {n} rows: too few to hold out '
                     f'{fraction:g} of them for validation and train on the '
                     'rest; give more rows or set dataset.validation_fraction=0')
-  rng = np.random.Generator(np.random.Philox(key=[seed, _VALIDATION_STREAM]))
-  chosen = np.zeros(n, bool)
-  chosen[rng.permutation(n)[:held]] = True
-  return table.rows(np.flatnonzero(~chosen)), table.rows(np.flatnonzero(chosen))
+  rest, held = chosen
+  return rest, rows_of(table, held)
+
+
+def rows_of(table: Table | Store, blocks: Blocks) -> Table:
+  """The rows of `blocks` of `table`, in memory, in block order."""
+  if isinstance(table, Table):
+    return table.rows(blocks.rows())
+  rows = np.concatenate([table.read_rows(int(a), int(b))
+                         for a, b in zip(blocks.start, blocks.stop)])
+  return Table(rows[:, :table.num_inputs], rows[:, table.num_inputs:],
+               table.plan)
+
+
+def training_sample(splits: Splits) -> Table:
+  """The training rows the feature statistics are computed from: all of
+  them up to STATS_ROWS, else every k-th block (spread over the table)."""
+  blocks = splits.blocks
+  every = -(-blocks.num_rows // STATS_ROWS)
+  return rows_of(splits.train, blocks.take(np.arange(0, len(blocks), every)))
 
 
 def load_eval_split(dataset: DatasetConfig,

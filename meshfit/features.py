@@ -54,19 +54,20 @@ class InputLayout:
     return cls(tuple(range(num_features)), scaling=scaling)
 
   @classmethod
-  def of(cls, input_categories: Sequence[int], x_NxF: np.ndarray,
+  def of(cls, input_categories: Sequence[int], missing_I: Sequence[bool],
          scaling: str) -> 'InputLayout':
     """The layout of a training table.
 
     Args:
       input_categories: per input column, its number of codes if a category
         (else 0): `ColumnPlan.input_categories`.
-      x_NxF: the training inputs (which numbers have missing values).
+      missing_I: per input column, whether the training table lacks it in
+        some row (`Table.missing_I`).
       scaling: 'none', 'standardize' or 'quantile'.
     """
     numbers = tuple(i for i, n in enumerate(input_categories) if not n)
     categories = tuple(i for i, n in enumerate(input_categories) if n)
-    missing = np.isnan(x_NxF[:, list(numbers)]).any(axis=0)
+    missing = np.asarray(missing_I, bool)[list(numbers)]
     return cls(numbers, tuple(int(i) for i in np.flatnonzero(missing)),
                categories, tuple(input_categories[i] for i in categories),
                scaling)

@@ -9,22 +9,36 @@ Training runs several steps per jitted call, so the feed hands out chunks of
 batches. A table that fits is copied once to every device (resident) and a
 chunk is then only its batches' row indices, which the devices gather; a
 larger table is streamed, the chunk holding the rows, prepared ahead by a
-thread. One process with a resident table hands the jitted call numpy
+thread from the windows of rows its lanes read (input_pipeline/order.py):
+a process reads only the blocks of its own lanes, one window per lane and
+member at a time (and the next, ahead), so its memory does not grow with the
+table. One process with a resident table hands the jitted call numpy
 indices, which the call places by its in_shardings: cheaper than making a
 global array first, and that was most of a call's host cost.
 """
 
 import collections
 from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from input_pipeline.order import ExampleOrder, Prefetcher
+from input_pipeline.order import Blocks, ExampleOrder, Prefetcher
 from meshfit import sharding
 
 Chunk = dict[str, jax.Array | np.ndarray]
+
+
+class Rows(Protocol):
+  """A training table: `input_pipeline.tables.Table` (in memory) or
+  `input_pipeline.store.Store` (prepared on disk)."""
+  num_examples: int
+  nbytes: int
+
+  def read_rows(self, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop): inputs then targets, float32."""
 
 
 def process_block(sharding_: NamedSharding,
@@ -56,10 +70,9 @@ def process_rows(batch_sharding: NamedSharding, global_rows: int) -> slice:
   return process_block(batch_sharding, (global_rows,))[0]
 
 
-def fits_on_device(x_NxF: np.ndarray, y_NxT: np.ndarray,
-                   limit_mb: int) -> bool:
+def fits_on_device(table: Rows, limit_mb: int) -> bool:
   """Whether a training table is small enough to copy to every device."""
-  return x_NxF.nbytes + y_NxT.nbytes <= limit_mb * 2**20
+  return table.nbytes <= limit_mb * 2**20
 
 
 class TrainFeed:
@@ -82,13 +95,12 @@ class TrainFeed:
   far (prefetched ones do not count).
   """
 
-  def __init__(self, x_NxF: np.ndarray, y_NxT: np.ndarray, *,
-               batch_size: int, seed: int, mesh: Mesh, steps_per_call: int,
-               resident: bool, position: int = 0, prefetch: int = 2,
-               members: int = 1):
+  def __init__(self, table: Rows, *, batch_size: int, seed: int,
+               mesh: Mesh, steps_per_call: int, resident: bool,
+               blocks: Blocks | None = None, position: int = 0,
+               prefetch: int = 2, members: int = 1):
     """Args:
-      x_NxF: the training features.
-      y_NxT: the training targets.
+      table: the training table (a resident one must be a `Table`).
       batch_size: global batch size (of each member).
       seed: seeds the order of every epoch.
       mesh: the device mesh; batches are split over its 'members' and
@@ -96,6 +108,7 @@ class TrainFeed:
       steps_per_call: the most steps of a call (the chunks' padded length).
       resident: gather batches on device from `device_table()`; else stream
         the rows from the host.
+      blocks: the rows to train on (default: every row of `table`).
       position: stream entries consumed before the first chunk.
       prefetch: chunks of a streamed table a thread prepares ahead (0: each
         when asked). A resident table's chunks are made when asked: they are
@@ -103,11 +116,15 @@ class TrainFeed:
         making them, while the devices run the previous call anyway.
       members: M, the ensemble's members, each reading its own stream.
     """
-    self._x, self._y = x_NxF, y_NxT
+    self._table = table
+    blocks = blocks if blocks is not None else Blocks.of_table(
+        table.num_examples)
     self._members, self._rows = process_block(
         sharding.member_batch_sharding(mesh), (members, batch_size))
-    self._orders = [ExampleOrder(x_NxF.shape[0], batch_size, seed, m)
+    self._orders = [ExampleOrder(blocks, batch_size, seed, m)
                     for m in range(self._members.start, self._members.stop)]
+    self._windows = [_Windows(order, table, self._rows)
+                     for order in self._orders]
     self._batch_size, self._num_members = batch_size, members
     self._k = steps_per_call
     self.resident = resident
@@ -121,13 +138,14 @@ class TrainFeed:
 
   @property
   def num_examples(self) -> int:
-    return self._x.shape[0]
+    return self._orders[0].num_examples
 
   def device_table(self) -> dict[str, jax.Array]:
     """The whole table on every device (resident mode): {'x', 'y'}."""
     return {name: jax.make_array_from_process_local_data(
         self._replicated, table, table.shape)
-            for name, table in (('x', self._x), ('y', self._y))}
+            for name, table in (('x', self._table.x_NxF),
+                                ('y', self._table.y_NxT))}
 
   def indices(self, position: int, num_batches: int = 1) -> np.ndarray:
     """Table rows of this process's part of `num_batches` steps' batches
@@ -136,18 +154,32 @@ class TrainFeed:
                      for order in self._orders], axis=1)
 
   def _produce(self, num_steps: int) -> Chunk:
-    idx_KxMxB = np.zeros((self._k, len(self._orders),
-                          self._rows.stop - self._rows.start), np.int32)
-    idx_KxMxB[:num_steps] = self.indices(self._next_produced, num_steps)
+    position = self._next_produced
     self._next_produced += num_steps * self._batch_size
-    if self.resident and jax.process_count() == 1:
-      return {'idx': idx_KxMxB}
-    local = ({'idx': idx_KxMxB} if self.resident else
-             {'x': self._x[idx_KxMxB], 'y': self._y[idx_KxMxB]})
+    if not self.resident:
+      local = self._rows_of(position, num_steps)
+    else:
+      idx_KxMxB = np.zeros((self._k, len(self._orders),
+                            self._rows.stop - self._rows.start), np.int32)
+      idx_KxMxB[:num_steps] = self.indices(position, num_steps)
+      if jax.process_count() == 1:
+        return {'idx': idx_KxMxB}
+      local = {'idx': idx_KxMxB}
     return {name: jax.make_array_from_process_local_data(
         self.chunk_sharding, a,
         (self._k, self._num_members, self._batch_size) + a.shape[3:])
             for name, a in local.items()}
+
+  def _rows_of(self, position: int, num_steps: int) -> Chunk:
+    """This process's rows of the batches (streamed), K padded."""
+    rows_KxMxBxC = np.zeros((self._k, len(self._orders),
+                             self._rows.stop - self._rows.start,
+                             self._table.columns), np.float32)
+    for m, windows in enumerate(self._windows):
+      rows_KxMxBxC[:num_steps, m] = windows.rows(position, num_steps)
+    f = self._table.num_inputs
+    return {'x': np.ascontiguousarray(rows_KxMxBxC[..., :f]),
+            'y': np.ascontiguousarray(rows_KxMxBxC[..., f:])}
 
   def chunks(self, sizes: Iterable[int]) -> Iterator[tuple[int, Chunk]]:
     """(steps, chunk) for each call length of `sizes`, in order.
@@ -180,6 +212,48 @@ class TrainFeed:
   def close(self):
     if self._prefetcher:
       self._prefetcher.close()
+
+
+class _Windows:
+  """One member's lanes' windows of rows, read from the table as needed.
+
+  A window is read whole (its blocks, then shuffled) when a batch first
+  needs it and dropped once the lane has moved past it, so a process holds
+  about one window per lane it reads (two while a batch spans both).
+  """
+
+  def __init__(self, order: ExampleOrder, table: Rows, columns: slice):
+    self._order, self._table, self._columns = order, table, columns
+    self._cache: dict[tuple[int, int, int], np.ndarray] = {}
+
+  def rows(self, position: int, num_batches: int) -> np.ndarray:
+    """K x (this process's entries) x columns rows, from `position`."""
+    order = self._order
+    lanes = order.lanes_of(self._columns)
+    per_lane, keep = [], set()
+    for lane in lanes:
+      pieces = order.lane_pieces(lane, position, num_batches)
+      per_lane.append(np.concatenate(
+          [self._window(p.epoch, lane, p.window)[p.start:p.stop]
+           for p in pieces]).reshape(num_batches, order.lane_entries, -1))
+      last = pieces[-1]
+      keep.add((last.epoch, lane, last.window))
+    # Only the last window of each lane can be read again by the next call.
+    self._cache = {k: v for k, v in self._cache.items() if k in keep}
+    skip = lanes.start * order.lane_entries
+    start, stop, _ = self._columns.indices(order.batch_size)
+    return np.concatenate(per_lane, axis=1)[:, start - skip:stop - skip]
+
+  def _window(self, epoch: int, lane: int, window: int) -> np.ndarray:
+    key = (epoch, lane, window)
+    if key not in self._cache:
+      order = self._order
+      blocks = order.window_blocks(epoch, lane, window)
+      rows = np.concatenate([
+          self._table.read_rows(int(order.blocks.start[b]),
+                                int(order.blocks.stop[b])) for b in blocks])
+      self._cache[key] = rows[order.shuffle_windows(epoch, [blocks])[0]]
+    return self._cache[key]
 
 
 def eval_batches(x_NxF: np.ndarray, y_NxT: np.ndarray | None, *,

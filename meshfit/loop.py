@@ -23,6 +23,7 @@ from meshfit import (call_plan, checkpoint_policy, checkpointing,
                      data, evaluations as evaluations_lib, feeding, metrics,
                      optim, plots, runtime, state as state_lib, steps,
                      workdir_lock, writers)
+from input_pipeline.tables import Table
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.features import FeatureStats, InputLayout
@@ -69,10 +70,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
   if splits is None:
     splits = data.load_splits(config.dataset, config.seed)
   train = splits.train
-  layout = InputLayout.of(train.plan.input_categories, train.x_NxF,
+  layout = InputLayout.of(train.plan.input_categories, train.missing_I,
                           config.dataset.numeric_scaling
                           if config.dataset.standardize else 'none')
-  setup = runtime.make_setup(config, layout, train.y_NxT.shape[1])
+  setup = runtime.make_setup(config, layout, train.num_targets)
   preemption = PreemptionWatch()
   try:
     with workdir_lock.WorkdirLock(workdir):
@@ -123,8 +124,8 @@ def _restore_or_init(config: Config, setup: runtime.Setup,
             BestTracker.from_json(meta.get('validation'),
                                   config.early_stopping_evals))
   ckpt.set_aside(damaged)
-  stats = FeatureStats.fit(setup.arch.layout, splits.train.x_NxF,
-                           splits.train.y_NxT)
+  sample = data.training_sample(splits)
+  stats = FeatureStats.fit(setup.arch.layout, sample.x_NxF, sample.y_NxT)
   return (state_lib.create_train_state(setup.arch, setup.tx, setup.mesh,
                                        config.seed, stats,
                                        optim.Hyperparameters.of(config)), 0,
@@ -187,7 +188,7 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
           **runtime.model_meta(splits.train.plan, setup.arch.layout)},
       config.checkpoint_every_steps, config.checkpoint_every_seconds)
   try:
-    feed, calls = _plan(config, setup, splits.train, profile, initial_step,
+    feed, calls = _plan(config, setup, splits, profile, initial_step,
                         last_step, position)
   except BaseException:
     checkpoints.close()
@@ -254,7 +255,7 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
     writer.close()
 
 
-def _plan(config: Config, setup: runtime.Setup, train_table,
+def _plan(config: Config, setup: runtime.Setup, splits: data.Splits,
           profile: ProfileWindow, initial_step: int, last_step: int,
           position: int):
   """The feed of training chunks, and the lengths of the calls to come.
@@ -273,10 +274,10 @@ def _plan(config: Config, setup: runtime.Setup, train_table,
       periods)
   calls = call_plan.plan_calls(initial_step, last_step, max_steps_per_call,
                                periods, profile.stops)
-  resident = feeding.fits_on_device(train_table.x_NxF, train_table.y_NxT,
-                                    config.dataset.resident_table_mb)
+  resident = (isinstance(splits.train, Table) and feeding.fits_on_device(
+      splits.train, config.dataset.resident_table_mb))
   feed = feeding.TrainFeed(
-      train_table.x_NxF, train_table.y_NxT, batch_size=config.batch_size,
+      splits.train, blocks=splits.blocks, batch_size=config.batch_size,
       seed=config.seed, mesh=setup.mesh, steps_per_call=max_steps_per_call,
       resident=resident, position=position,
       prefetch=config.dataset.prefetch_batches,
@@ -337,7 +338,8 @@ def _summarize(config: Config, workdir: str, final: dict,
   target_names = splits.train.target_names
   curve = None
   if config.plots and jax.process_index() == 0:
-    train_mean_T = splits.train.y_NxT.astype(np.float64).mean(axis=0)
+    train_mean_T = data.training_sample(splits).y_NxT.astype(
+        np.float64).mean(axis=0)
     mean_rmse = float(np.mean(np.sqrt(np.mean(
         (splits.eval.y_NxT - train_mean_T)**2, axis=0))))
     curve = plots.write_loss_curve(

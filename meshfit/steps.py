@@ -239,7 +239,7 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
     table_z: the training table on every device, as `encode` returns it,
       when the chunk holds row indices; else `{}`.
     chunk: from `feeding.TrainFeed`: either `idx` (K x M x B table rows) or
-      `x`, `y` (K x M x B rows in original units).
+      K x M x B rows as `encode` returns them (`jit_encode_chunk`).
     num_steps: how many of the chunk's K steps to train (int32 scalar).
     graphdef: one member's structure.
     layout: which input columns are numbers and which categories.
@@ -253,7 +253,7 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
     `num_steps` are zero) and a copy of the new state's train metrics (read
     by the loop after the state itself has been donated to the next call).
   """
-  k, m = (chunk['idx'] if 'idx' in chunk else chunk['x']).shape[:2]
+  k, m = (chunk['idx'] if 'idx' in chunk else chunk['y']).shape[:2]
   partitioned = batch_sharding.mesh.shape[sharding.MODEL] > 1
 
   def body(i, carry):
@@ -262,12 +262,7 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
       idx_MxB = chunk['idx'][i]
       batch_z = {name: a[idx_MxB] for name, a in table_z.items()}
     else:
-      x_MxBxF, y_MxBxT = chunk['x'][i], chunk['y'][i]
-      flat = encode(state.stats, layout, {
-          'x': x_MxBxF.reshape(-1, x_MxBxF.shape[-1]),
-          'y': y_MxBxT.reshape(-1, y_MxBxT.shape[-1])})
-      batch_z = {name: a.reshape(x_MxBxF.shape[:2] + a.shape[1:])
-                 for name, a in flat.items()}
+      batch_z = {name: a[i] for name, a in chunk.items()}
     batch_z = jax.lax.with_sharding_constraint(batch_z, batch_sharding)
     state, loss_M, grad_norm_M = train_step(
         state, batch_z, graphdef=graphdef, member_tx=member_tx,
@@ -357,20 +352,37 @@ def jit_train_step(graphdef: nnx.GraphDef, layout: InputLayout,
       donate_argnums=0)
 
 
+class TrainCall:
+  """The jitted `train_call`, taking a chunk as the feed hands it out: a
+  streamed chunk's rows (`x`, `y`) are first encoded by `jit_encode_chunk`,
+  a program of its own, as the resident table is by `jit_encode`. Encoding
+  inside the steps' program would let XLA fuse it there and round some
+  inputs differently, and the two paths would train on different bits."""
+
+  def __init__(self, jitted, encode_chunk):
+    self.jitted, self._encode_chunk = jitted, encode_chunk
+
+  def __call__(self, state: TrainState, table_z: Batch, chunk: Batch,
+               num_steps: Any
+               ) -> tuple[TrainState, jax.Array, TrainMetrics]:
+    if 'x' in chunk:
+      chunk = self._encode_chunk(state.stats, chunk)
+    return self.jitted(state, table_z, chunk, num_steps)
+
+
 def jit_train_call(graphdef: nnx.GraphDef, layout: InputLayout,
                    member_tx: Callable[[Hyperparameters],
                                        optax.GradientTransformation],
                    state_shardings: TrainState, mesh: Mesh,
                    log_every_steps: int, dropout: bool = False
-                   ) -> Callable[[TrainState, Batch, Batch, Any],
-                                 tuple[TrainState, jax.Array, TrainMetrics]]:
+                   ) -> TrainCall:
   """`train_call` jitted once: state donated, shardings pinned both ways.
 
   The table keeps the sharding it arrives with (replicated); the chunk is
   split over 'members' and 'data' (numpy chunks are placed so) and
   `num_steps` (a numpy int32 will do) replicated.
   """
-  return jax.jit(
+  return TrainCall(jax.jit(
       functools.partial(train_call, graphdef=graphdef, layout=layout,
                         member_tx=member_tx, log_every_steps=log_every_steps,
                         batch_sharding=sharding.member_batch_sharding(mesh),
@@ -380,7 +392,20 @@ def jit_train_call(graphdef: nnx.GraphDef, layout: InputLayout,
                     sharding.replicated(mesh)),
       out_shardings=(state_shardings, sharding.replicated(mesh),
                      state_shardings.train_metrics),
-      donate_argnums=0)
+      donate_argnums=0), jit_encode_chunk(mesh, layout))
+
+
+def jit_encode_chunk(mesh: Mesh, layout: InputLayout
+                     ) -> Callable[[FeatureStats, Batch], Batch]:
+  """`encode` jitted for a streamed chunk (K x M x B rows of `x`, `y`),
+  its output sharded as the chunk."""
+  def encode_chunk(stats: FeatureStats, chunk: Batch) -> Batch:
+    x, y = chunk['x'], chunk['y']
+    flat = encode(stats, layout, {'x': x.reshape(-1, x.shape[-1]),
+                                  'y': y.reshape(-1, y.shape[-1])})
+    return {name: a.reshape(x.shape[:3] + a.shape[1:])
+            for name, a in flat.items()}
+  return jax.jit(encode_chunk, out_shardings=sharding.chunk_sharding(mesh))
 
 
 def jit_encode(mesh: Mesh, layout: InputLayout

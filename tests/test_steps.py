@@ -33,7 +33,7 @@ def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
     chunk_sizes = list(call_plan.plan_calls(0, num_steps, steps_per_call))
   assert sum(chunk_sizes) == num_steps
   feed = feeding.TrainFeed(
-      splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
+      splits.train, batch_size=config.batch_size,
       seed=config.seed, mesh=mesh, steps_per_call=steps_per_call,
       resident=resident, members=config.model.ensemble_size)
   table_z = (steps.jit_encode(mesh, layout)(state.stats, feed.device_table())
@@ -113,7 +113,7 @@ def test_one_step_per_call_matches_the_single_step(one_device_run):
                                  setup.member_tx, setup.shardings, mesh,
                                  config.log_every_steps)
   feed = feeding.TrainFeed(
-      splits.train.x_NxF, splits.train.y_NxT, batch_size=config.batch_size,
+      splits.train, batch_size=config.batch_size,
       seed=config.seed, mesh=mesh, steps_per_call=1, resident=False)
   losses = []
   for _, chunk in feed.chunks([1] * 10):
@@ -176,7 +176,8 @@ def test_members_differ_and_each_learns(ensemble_run):
   kernels = np.asarray(state.params['hidden'][0]['kernel'])
   assert len({k.tobytes() for k in kernels}) == 4  # own initialisations
   assert len({tuple(column) for column in losses_KxM.T}) == 4  # own data
-  assert (losses_KxM[-1] < 0.5 * losses_KxM[0]).all()
+  # Batch losses are noisy: the last steps' mean against the first step.
+  assert (losses_KxM[-5:].mean(axis=0) < 0.5 * losses_KxM[0]).all()
 
 
 def test_a_member_does_not_depend_on_the_others(one_device_run,
@@ -225,12 +226,13 @@ def test_members_on_their_own_devices_exchange_nothing_while_they_train(
   state = state_lib.create_train_state(setup.arch, setup.tx, mesh, 0, norm,
                                        optim.Hyperparameters.of(parsed))
   feed = feeding.TrainFeed(
-      splits.train.x_NxF, splits.train.y_NxT, batch_size=parsed.batch_size,
+      splits.train, batch_size=parsed.batch_size,
       seed=0, mesh=mesh, steps_per_call=8, resident=True, members=4)
   table = steps.jit_encode(mesh, layout)(state.stats, feed.device_table())
   _, chunk = next(feed.chunks([8]))
   feed.close()
-  hlo = step_fn.lower(state, table, chunk, np.int32(8)).compile().as_text()
+  hlo = step_fn.jitted.lower(state, table, chunk, np.int32(8)).compile(
+  ).as_text()
   bodies = re.findall(r'while\(.*?body=(%?[\w.\-]+)', hlo)
   assert bodies, 'the steps run in a while loop'
   computations = dict(re.findall(r'\n(%?[\w.\-]+) [^\n]*\{\n(.*?)\n\}', hlo,
