@@ -158,14 +158,16 @@ class ColumnPlan:
                      if counts[k])
     return f'{len(self.features)} feature columns: {text}'
 
-  def encode(self, frame: pd.DataFrame, path: str, source: str = ''
-             ) -> tuple[np.ndarray, dict[str, int]]:
+  def encode(self, frame: pd.DataFrame, path: str, source: str = '',
+             first_row: int = 0) -> tuple[np.ndarray, dict[str, int]]:
     """The model's input matrix for the rows of `frame`.
 
     Args:
       frame: a frame holding (at least) the plan's used columns, by name.
       path: the file the frame came from, named in messages.
       source: the setting or flag the path came from, named in messages.
+      first_row: the file's data row index of the frame's first row (a
+        chunk of a larger file), for messages.
 
     Returns:
       x_NxI, float32, one column per input (see the module doc), rows in
@@ -187,7 +189,8 @@ class ColumnPlan:
       values = frame[column.name]
       width = len(column.input_names)
       if column.kind in ('number', 'boolean'):
-        x_NxI[:, i] = _numbers(values, column.name, name)
+        x_NxI[:, i] = _numbers(values, column.name, name,
+                               first_row=first_row)
       elif column.kind == 'category':
         codes, new = _codes(values, column)
         x_NxI[:, i] = codes
@@ -199,15 +202,17 @@ class ColumnPlan:
     return x_NxI, unseen
 
   def targets_of(self, frame: pd.DataFrame, path: str,
-                 source: str = '') -> np.ndarray:
-    """y_NxT, float32, NaN where a target is missing."""
+                 source: str = '', first_row: int = 0) -> np.ndarray:
+    """y_NxT, float32, NaN where a target is missing (`first_row` as for
+    `encode`)."""
     name = table_files.describe(path, source)
     y_NxT = np.empty((len(frame), len(self.targets)), np.float32)
     for t, target in enumerate(self.targets):
       if target not in frame.columns:
         raise table_files.missing_column_error(frame, target, name,
                                                ' (a target)')
-      y_NxT[:, t] = _numbers(frame[target], target, name, target=True)
+      y_NxT[:, t] = _numbers(frame[target], target, name, target=True,
+                             first_row=first_row)
     return y_NxT
 
 
@@ -344,7 +349,7 @@ def _parts(dates: pd.Series) -> tuple[str, ...]:
 
 
 def _numbers(values: pd.Series, column: str, file_name: str,
-             target: bool = False) -> np.ndarray:
+             target: bool = False, first_row: int = 0) -> np.ndarray:
   """float64 values of a number (or boolean) column, NaN where missing.
 
   Raises:
@@ -372,8 +377,8 @@ def _numbers(values: pd.Series, column: str, file_name: str,
            else 'fix that cell, leave it empty for a missing value, or name '
            'the column in dataset.categorical_columns to treat it as text')
     raise DataError(
-        f'{file_name}, column {column!r}, data row {row + 1} (1-based, header '
-        f'not counted): {problem}{more}; {fix}')
+        f'{file_name}, column {column!r}, data row {first_row + row + 1} '
+        f'(1-based, header not counted): {problem}{more}; {fix}')
   return numbers
 
 

@@ -1,25 +1,45 @@
 """Dataset `csv_regression`: a user's own CSV or Parquet tables, as they come.
 
-The config keys `dataset.train_path`, `dataset.eval_path`,
+The config keys `dataset.train_path` (a file, a glob, or several of them
+separated by commas: a table that comes sharded), `dataset.eval_path`,
 `dataset.target_columns`, `dataset.feature_columns` and
-`dataset.categorical_columns` choose the data. Preparing reads both files,
-fits the column plan on the training file (input_pipeline/column_plan.py),
-encodes both with it and keeps the result in
-`<data_dir>/csv_regression/<key>/`: `manifest.json` (the plan, the row
-counts, the training file's content key) and one `<split>.npz` per split,
-`train` (the training file) and `test` (the evaluation file), rows in file
-order. The key is a sha256 of both files' bytes and the selection, so a
-prepared dataset is found again while the files are unchanged (wherever they
-are moved) and a changed file is prepared afresh.
+`dataset.categorical_columns` choose the data. Preparing fits the column
+plan (input_pipeline/column_plan.py) on the training files, encodes every
+file with it, a chunk of CHUNK_ROWS rows at a time (pyarrow's Parquet
+reader, pandas' chunked CSV reader), and keeps the result in
+`<data_dir>/csv_regression/<key>/`: one part per file of float32 rows
+(input_pipeline/store.py), `train-NNNNN.f32` for the training files in
+order and `test-00000.f32` for the evaluation file, each with a
+`<part>.json` of its counts, and `manifest.json`, written last (the plan,
+the parts, the row counts, the training data's content key). The key is a
+sha256 of every file's bytes and the selection, so a prepared dataset is
+found again while the files are unchanged (wherever they are moved) and a
+changed file is prepared afresh. No process ever holds a whole file.
+
+The plan is fit on the training rows when they number at most
+PLAN_SAMPLE_ROWS, else on the first rows of each file (an equal share of
+PLAN_SAMPLE_ROWS each): kinds, date parts and category vocabularies come
+from that sample (a category value it lacks is unknown to the model, as a
+rare one is).
+
+With several processes, training file i is encoded by process i % P and the
+evaluation file by process 0; process 0 fits the plan (`plan.json`) and
+writes the manifest. A process that finds a piece missing after the others
+made it (its data_dir is not shared with them) makes it itself, so the result
+is the same files whatever the number of processes.
 
 Rows whose target is missing are left out of both splits, counted in the
 manifest and in one warning line.
 """
 
+import contextlib
+import glob
 import hashlib
 import json
 import os
-from collections.abc import Sequence
+import shutil
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
@@ -27,33 +47,103 @@ from absl import logging
 from input_pipeline import column_plan, table_files
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
+from input_pipeline.store import Part, Store, write_part
 from input_pipeline.tables import Table
 
 NAME = 'csv_regression'
 SPLITS = ('train', 'test')
 MANIFEST = 'manifest.json'
+PLAN = 'plan.json'
 # Changing how files are parsed, encoded or stored must change the key.
-_KEY_SCHEMA = 'meshfit.csv_regression/2'
+_KEY_SCHEMA = 'meshfit.csv_regression/3'
+# Rows read, encoded and written at a time: bounds a process's memory.
+CHUNK_ROWS = 1 << 18
+# The column plan is fit on at most about this many training rows.
+PLAN_SAMPLE_ROWS = 1 << 20
+_HASH_READ = 8 << 20
+
+Barrier = Callable[[str], None]
 
 
-def content_key(train_data: bytes, eval_data: bytes,
+def train_files(train_path: str | Sequence[str]) -> list[str]:
+  """The training files a `dataset.train_path` names, in order.
+
+  A string is split at commas unless it names a file as it is; a path with
+  glob characters stands for its matches, sorted.
+
+  Raises:
+    DataError: a glob matches nothing, or a file is named twice.
+  """
+  if isinstance(train_path, str):
+    paths = ([train_path] if os.path.isfile(train_path) else
+             [p.strip() for p in train_path.split(',') if p.strip()] or [''])
+  else:
+    paths = list(train_path)
+  files = []
+  for path in paths:
+    if glob.has_magic(path):
+      matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+      if not matches:
+        raise DataError(f'dataset.train_path {path!r} matches no file; give '
+                        'the path of a CSV or Parquet file, or a glob such '
+                        'as data/train-*.parquet')
+      files.extend(matches)
+    else:
+      files.append(path)
+  seen = set()
+  for path in files:
+    if os.path.abspath(path) in seen:
+      raise DataError(f'dataset.train_path names {path!r} twice; name each '
+                      'training file once')
+    seen.add(os.path.abspath(path))
+  return files
+
+
+def file_digest(path: str, source: str = '') -> bytes:
+  """sha256 of a file's bytes, read in pieces (never the whole file).
+
+  Raises:
+    DataError: the file is missing or not a file.
+  """
+  name = table_files.describe(path, source)
+  if not path:
+    raise DataError(f'no file given{f" for {source}" if source else ""}; '
+                    'give the path of a CSV or Parquet file')
+  if not os.path.exists(path):
+    raise DataError(f'{name} does not exist; give the path of a CSV or '
+                    'Parquet file with a header row')
+  if not os.path.isfile(path):
+    raise DataError(f'{name} is not a file; give the path of a CSV or '
+                    'Parquet file with a header row')
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    while piece := f.read(_HASH_READ):
+      digest.update(piece)
+  return digest.digest()
+
+
+def content_key(train_digests: Sequence[bytes], eval_digest: bytes,
                 target_columns: Sequence[str],
                 feature_columns: Sequence[str],
                 categorical_columns: Sequence[str] = ()) -> str:
-  """The prepared dataset's name for these file contents and selection."""
+  """The prepared dataset's name for these files' contents and selection."""
   digest = hashlib.sha256()
   selection = json.dumps([_KEY_SCHEMA, list(target_columns),
-                          list(feature_columns), list(categorical_columns)])
-  for part in (selection.encode(), train_data, eval_data):
+                          list(feature_columns), list(categorical_columns),
+                          len(train_digests)])
+  for part in (selection.encode(), *train_digests, eval_digest):
     # Length prefixes: no two different inputs concatenate to the same bytes.
     digest.update(len(part).to_bytes(8, 'little'))
     digest.update(part)
   return f'sha256_{digest.hexdigest()[:32]}'
 
 
-def file_key(data: bytes) -> str:
-  """A short content key of one file (what a checkpoint was trained on)."""
-  return f'sha256_{hashlib.sha256(data).hexdigest()[:16]}'
+def file_key(train_digests: Sequence[bytes]) -> str:
+  """A short content key of the training files (what a checkpoint was
+  trained on)."""
+  digest = (train_digests[0] if len(train_digests) == 1 else
+            hashlib.sha256(b''.join(train_digests)).digest())
+  return f'sha256_{digest.hex()[:16]}'
 
 
 def prepared_dir(data_dir: str, key: str) -> str:
@@ -61,90 +151,227 @@ def prepared_dir(data_dir: str, key: str) -> str:
   return os.path.join(data_dir, NAME, key)
 
 
-def prepare(train_path: str, eval_path: str, target_columns: Sequence[str],
-            feature_columns: Sequence[str],
-            categorical_columns: Sequence[str], data_dir: str) -> str:
+def prepare(train_path: str | Sequence[str], eval_path: str,
+            target_columns: Sequence[str], feature_columns: Sequence[str],
+            categorical_columns: Sequence[str], data_dir: str, *,
+            process_index: int = 0, process_count: int = 1,
+            barrier: Barrier | None = None) -> str:
   """Where the dataset of these files is prepared, preparing it if needed.
 
+  Every process of a job calls it (with `barrier`, which returns once all
+  of them reached it); each prepares its share (see the module doc).
+
   Args:
-    train_path: CSV or Parquet training file with a header row.
+    train_path: CSV or Parquet training file(s) with a header row: a path,
+      a glob, or a sequence of them.
     eval_path: CSV or Parquet evaluation file with the same columns.
     target_columns: one or more columns to predict.
     feature_columns: input columns; () means every other usable column.
     categorical_columns: columns to treat as categories whatever they hold.
     data_dir: where prepared datasets are kept; created if missing.
+    process_index: this process, 0..process_count - 1.
+    process_count: the processes preparing together.
+    barrier: waits for every process (None: a single process).
 
   Returns:
-    The prepared dataset's directory, for `read_split` and `manifest`.
+    The prepared dataset's directory, for `open_split` and `manifest`.
 
   Raises:
     DataError: a missing, unreadable or bad file (the message names the
       file, the column and the first bad row).
   """
   sources = ('dataset.train_path', 'dataset.eval_path')
-  train_data = table_files.read_bytes(train_path, sources[0])
-  eval_data = table_files.read_bytes(eval_path, sources[1])
-  key = content_key(train_data, eval_data, target_columns, feature_columns,
-                    categorical_columns)
-  directory = prepared_dir(data_dir, key)
+  files = train_files(train_path)
+  digests = [file_digest(f, sources[0]) for f in files]
+  eval_digest = file_digest(eval_path, sources[1])
+  directory = prepared_dir(data_dir, content_key(
+      digests, eval_digest, target_columns, feature_columns,
+      categorical_columns))
   if os.path.exists(os.path.join(directory, MANIFEST)):
     return directory
-  train = table_files.parse(train_data, train_path, sources[0])
-  test = table_files.parse(eval_data, eval_path, sources[1])
-  plan = column_plan.fit(train, target_columns, feature_columns,
-                         categorical_columns, train_path, sources[0])
-  if (warning := column_plan.left_out_warning(plan)) is not None:
-    logging.warning('csv_regression: %s.', warning)
-  tables, dropped = {}, {}
-  for split, frame, path, source in (('train', train, train_path, sources[0]),
-                                     ('test', test, eval_path, sources[1])):
-    x_NxI, unseen = plan.encode(frame, path, source)
-    y_NxT = plan.targets_of(frame, path, source)
-    keep = ~np.isnan(y_NxT).any(axis=1)
-    dropped[split] = int((~keep).sum())
-    if dropped[split]:
-      logging.warning('csv_regression: %d of the %d rows of %s have no %s and '
-                      'are left out of %s.', dropped[split], len(frame), path,
-                      ' or '.join(plan.targets),
-                      'training' if split == 'train' else 'evaluation')
-    if unseen and split == 'test':
-      logging.warning('csv_regression: %s of %s hold categories the '
-                      'training file does not have (unknown to the model): '
-                      '%s.', ', '.join(f'{n} rows' for n in unseen.values()),
-                      path, ', '.join(unseen))
-    tables[split] = Table(x_NxI[keep], y_NxT[keep], plan)
-    if not keep.any():
-      raise DataError(f'{table_files.describe(path, source)} has no row with '
-                      f'a value for {", ".join(plan.targets)}; give it rows '
-                      'whose target is known')
-  logging.info('csv_regression: %s; %d train and %d test rows of %s and %s '
-               'prepared into %s.', plan.describe(),
-               tables['train'].num_examples, tables['test'].num_examples,
-               train_path, eval_path, directory)
-  _write(directory, tables, {
-      'plan': plan.to_json(), 'rows': {s: tables[s].num_examples
-                                       for s in SPLITS},
-      'rows_without_target': dropped, 'train_key': file_key(train_data),
-      'train_path': os.path.abspath(train_path),
-      'eval_path': os.path.abspath(eval_path)})
+  try:
+    _prepare(directory, files, eval_path, digests,
+             (target_columns, feature_columns, categorical_columns),
+             process_index, process_count, barrier or (lambda name: None))
+  except DataError:
+    # A bad file leaves nothing behind (an incomplete directory has no
+    # manifest and would only be prepared again).
+    shutil.rmtree(directory, ignore_errors=True)
+    with contextlib.suppress(OSError):
+      os.rmdir(os.path.dirname(directory))  # if now empty
+    raise
   return directory
 
 
-def _write(directory: str, tables: dict[str, Table], manifest: dict) -> None:
-  """Writes the splits, then the manifest: its presence means complete."""
+def _prepare(directory: str, files: Sequence[str], eval_path: str,
+             digests: Sequence[bytes], selection: tuple[Sequence[str], ...],
+             process_index: int, process_count: int, wait: Barrier) -> None:
+  """`prepare`'s work, its share of it for this process."""
+  sources = ('dataset.train_path', 'dataset.eval_path')
   os.makedirs(directory, exist_ok=True)
-  for split, table in tables.items():
-    tmp = os.path.join(directory, f'{split}.{os.getpid()}.tmp.npz')
-    np.savez(tmp, x_NxF=table.x_NxF, y_NxT=table.y_NxT)
-    os.replace(tmp, os.path.join(directory, f'{split}.npz'))
-  tmp = os.path.join(directory, f'{MANIFEST}.{os.getpid()}.tmp')
+  parts = [(f'train-{i:05d}', path, sources[0]) for i, path in
+           enumerate(files)] + [('test-00000', eval_path, sources[1])]
+  mine = [p for i, p in enumerate(parts[:-1])
+          if i % process_count == process_index]
+  if process_index == 0:
+    mine.append(parts[-1])
+
+  def step(name: str, work: Callable[[], None]) -> None:
+    # A DataError is raised after the barrier: the others would wait there.
+    error = None
+    try:
+      work()
+    except DataError as e:
+      error = e
+    wait(f'meshfit:csv_regression:{name}')
+    if error is not None:
+      raise error
+
+  step('plan', lambda: _write_plan(directory, files, sources[0], selection)
+       if process_index == 0 else None)
+  if not os.path.exists(os.path.join(directory, PLAN)):
+    _write_plan(directory, files, sources[0], selection)  # not shared
+  plan = _read_plan(directory)
+  step('parts', lambda: [_encode_part(directory, plan, *p) for p in mine])
+  for part in parts:
+    if not os.path.exists(os.path.join(directory, f'{part[0]}.json')):
+      _encode_part(directory, plan, *part)  # not shared
+  step('manifest', lambda: _write_manifest(
+      directory, plan, parts, digests, files, eval_path)
+       if process_index == 0 else None)
+  if not os.path.exists(os.path.join(directory, MANIFEST)):
+    _write_manifest(directory, plan, parts, digests, files, eval_path)
+
+
+def _sample(files: Sequence[str], source: str):
+  """The rows the plan is fit on: every training row up to
+  PLAN_SAMPLE_ROWS, else each file's first PLAN_SAMPLE_ROWS / len(files)."""
+  import pandas as pd  # noqa: PLC0415  (slow to import: see table_files)
+  share = -(-PLAN_SAMPLE_ROWS // len(files))
+  frames = []
+  for path in files:
+    taken = 0
+    for frame, _ in table_files.iter_frames(path, source, CHUNK_ROWS):
+      frames.append(frame.iloc[:share - taken])
+      taken += len(frames[-1])
+      if taken >= share:
+        break
+  return frames[0] if len(frames) == 1 else pd.concat(frames,
+                                                      ignore_index=True)
+
+
+def _write_plan(directory: str, files: Sequence[str], source: str,
+                selection: tuple[Sequence[str], ...]) -> None:
+  frame = _sample(files, source)
+  name = files[0] if len(files) == 1 else ', '.join(files)
+  try:
+    plan = column_plan.fit(frame, *selection, name, source)
+  except DataError:
+    if len(files) == 1:
+      raise
+    # Name the file and its row: fit each file's sample alone.
+    for path in files:
+      column_plan.fit(_sample([path], source), *selection, path, source)
+    raise
+  if (warning := column_plan.left_out_warning(plan)) is not None:
+    logging.warning('csv_regression: %s.', warning)
+  _write_json(os.path.join(directory, PLAN), plan.to_json())
+
+
+def _read_plan(directory: str) -> ColumnPlan:
+  try:
+    with open(os.path.join(directory, PLAN), encoding='utf-8') as f:
+      return ColumnPlan.from_json(json.load(f))
+  except (OSError, json.JSONDecodeError) as e:
+    raise DataError(f'cannot read the column plan in {directory!r} '
+                    f'({type(e).__name__}: {e}); delete that directory and '
+                    'run again to prepare it afresh') from None
+
+
+def _encode_part(directory: str, plan: ColumnPlan, part: str, path: str,
+                 source: str) -> None:
+  """Encodes one file into part `part`: its rows, then `<part>.json`."""
+  columns = len(plan.input_names) + len(plan.targets)
+  counts = {'rows_in_file': 0, 'rows_without_target': 0, 'unseen': {}}
+  missing = np.zeros(len(plan.input_names), bool)
+
+  def chunks() -> Iterator[np.ndarray]:
+    nonlocal missing
+    for frame, first_row in table_files.iter_frames(path, source, CHUNK_ROWS):
+      x_NxI, unseen = plan.encode(frame, path, source, first_row)
+      y_NxT = plan.targets_of(frame, path, source, first_row)
+      keep = ~np.isnan(y_NxT).any(axis=1)
+      counts['rows_in_file'] += len(frame)
+      counts['rows_without_target'] += int((~keep).sum())
+      for column, n in unseen.items():
+        counts['unseen'][column] = counts['unseen'].get(column, 0) + n
+      missing |= np.isnan(x_NxI[keep]).any(axis=0)
+      yield np.concatenate([x_NxI[keep], y_NxT[keep]], axis=1)
+
+  rows = write_part(os.path.join(directory, f'{part}.f32'), chunks(), columns)
+  dropped = counts['rows_without_target']
+  training = part.startswith('train')
+  if dropped:
+    logging.warning('csv_regression: %d of the %d rows of %s have no %s and '
+                    'are left out of %s.', dropped, counts['rows_in_file'],
+                    path, ' or '.join(plan.targets),
+                    'training' if training else 'evaluation')
+  if counts['unseen'] and not training:
+    logging.warning('csv_regression: %s of %s hold categories the '
+                    'training file does not have (unknown to the model): '
+                    '%s.', ', '.join(f'{n} rows' for n in
+                                     counts['unseen'].values()), path,
+                    ', '.join(counts['unseen']))
+  if not rows:
+    raise DataError(f'{table_files.describe(path, source)} has no row with '
+                    f'a value for {", ".join(plan.targets)}; give it rows '
+                    'whose target is known')
+  _write_json(os.path.join(directory, f'{part}.json'), {
+      'rows': rows, 'rows_without_target': dropped,
+      'missing': missing.tolist(), 'path': os.path.abspath(path)})
+
+
+def _write_manifest(directory: str, plan: ColumnPlan,
+                    parts: Sequence[tuple[str, str, str]],
+                    digests: Sequence[bytes], files: Sequence[str],
+                    eval_path: str) -> None:
+  info = {}
+  for part, _, _ in parts:
+    with open(os.path.join(directory, f'{part}.json'), encoding='utf-8') as f:
+      info[part] = json.load(f)
+  split_parts = {s: [p for p, _, _ in parts if p.startswith(s)]
+                 for s in SPLITS}
+  manifest_ = {
+      'plan': plan.to_json(),
+      'parts': {s: [Part(f'{p}.f32', info[p]['rows']).to_json()
+                    for p in names] for s, names in split_parts.items()},
+      'rows': {s: sum(info[p]['rows'] for p in names)
+               for s, names in split_parts.items()},
+      'rows_without_target': {
+          s: sum(info[p]['rows_without_target'] for p in names)
+          for s, names in split_parts.items()},
+      'missing': np.any([info[p]['missing'] for p in split_parts['train']],
+                        axis=0).tolist(),
+      'train_key': file_key(digests),
+      'train_path': [os.path.abspath(f) for f in files],
+      'eval_path': os.path.abspath(eval_path)}
+  logging.info('csv_regression: %s; %d train and %d test rows of %s and %s '
+               'prepared into %s.', plan.describe(), manifest_['rows']['train'],
+               manifest_['rows']['test'], ', '.join(files), eval_path,
+               directory)
+  _write_json(os.path.join(directory, MANIFEST), manifest_)
+
+
+def _write_json(path: str, value: dict) -> None:
+  """Atomically: a reader sees the whole file or none."""
+  tmp = f'{path}.{uuid.uuid4().hex}.tmp'
   with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(manifest, f, indent=1, sort_keys=True)
-  os.replace(tmp, os.path.join(directory, MANIFEST))
+    json.dump(value, f, indent=1, sort_keys=True)
+  os.replace(tmp, path)
 
 
 def manifest(directory: str) -> dict:
-  """The manifest of a prepared dataset (plan, rows, the train file's key)."""
+  """The manifest of a prepared dataset (plan, parts, rows, the train key)."""
   try:
     with open(os.path.join(directory, MANIFEST), encoding='utf-8') as f:
       return json.load(f)
@@ -154,8 +381,8 @@ def manifest(directory: str) -> dict:
                     'run again to prepare it afresh') from None
 
 
-def read_split(directory: str, split: str) -> Table:
-  """One split of a prepared dataset, whole.
+def open_split(directory: str, split: str) -> Store:
+  """One split of a prepared dataset, on disk: read it in blocks.
 
   Raises:
     DataError: no such split, or the directory is damaged.
@@ -164,12 +391,26 @@ def read_split(directory: str, split: str) -> Table:
     raise DataError(f'csv_regression has no split {split!r}; its splits are '
                     f'{" and ".join(SPLITS)} (the training and evaluation '
                     'files)')
-  plan = ColumnPlan.from_json(manifest(directory)['plan'])
-  path = os.path.join(directory, f'{split}.npz')
+  info = manifest(directory)
   try:
-    with np.load(path, allow_pickle=False) as arrays:
-      return Table(arrays['x_NxF'], arrays['y_NxT'], plan)
-  except (OSError, KeyError, ValueError) as e:
-    raise DataError(f'cannot read {path!r} ({type(e).__name__}: {e}); delete '
-                    f'{directory!r} and run again to prepare it afresh'
-                    ) from None
+    return Store(directory, [Part.from_json(p) for p in info['parts'][split]],
+                 ColumnPlan.from_json(info['plan']),
+                 info['missing'] if split == 'train' else None)
+  except (KeyError, TypeError, ValueError) as e:
+    raise DataError(f'cannot read the prepared dataset in {directory!r} '
+                    f'({type(e).__name__}: {e}); delete that directory and '
+                    'run again to prepare it afresh') from None
+
+
+def read_split(directory: str, split: str) -> Table:
+  """One split of a prepared dataset, whole, in memory.
+
+  Raises:
+    DataError: no such split, or the directory is damaged.
+  """
+  store = open_split(directory, split)
+  try:
+    x, y = store.read(0, store.num_examples)
+  finally:
+    store.close()
+  return Table(x, y, store.plan)

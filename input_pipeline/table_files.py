@@ -19,7 +19,7 @@ import io
 import os
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from input_pipeline.errors import DataError
@@ -174,6 +174,90 @@ def parse(data: bytes, path: str, source: str = '') -> pd.DataFrame:
   if frame.shape[0] == 0:
     raise DataError(f'{name} has a header row but no data rows')
   return frame
+
+
+def iter_frames(path: str, source: str, chunk_rows: int
+                ) -> Iterator[tuple[pd.DataFrame, int]]:
+  """A file's rows in frames of up to `chunk_rows`, never the whole file.
+
+  Checked as `parse` checks a whole file (the same messages).
+
+  Yields:
+    (frame, the data row index of its first row, 0-based).
+  """
+  name = describe(path, source)
+  if not os.path.isfile(path):
+    read_bytes(path, source)  # raises the missing-file message
+  frames = (_parquet_frames if is_parquet(path) else _csv_frames)(
+      path, name, chunk_rows)
+  first = 0
+  columns = None
+  for frame in frames:
+    if columns is None:
+      columns = frame.shape[1]
+      if columns == 0:
+        raise DataError(f'{name} has no columns; it needs a header row')
+    if len(frame):
+      yield frame, first
+      first += len(frame)
+  if not first:
+    raise DataError(f'{name} has a header row but no data rows')
+
+
+def _csv_frames(path: str, name: str, chunk_rows: int
+                ) -> Iterator[pd.DataFrame]:
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
+  with open(path, 'rb') as f:
+    head = f.read(1 << 16)
+  if not head.strip():
+    raise DataError(f'{name} is empty; it needs a header row and at least '
+                     'one data row')
+  delimiter = detect_delimiter(head)
+  options = dict(skipinitialspace=True, index_col=False, sep=delimiter)
+  separated = {',': 'comma', ';': 'semicolon', '\t': 'tab',
+               '|': 'bar'}[delimiter]
+  errors = (pd.errors.ParserError, pd.errors.ParserWarning,
+            UnicodeDecodeError, ValueError)
+  try:
+    with warnings.catch_warnings():
+      warnings.simplefilter('error', pd.errors.ParserWarning)
+      header = pd.read_csv(path, header=None, nrows=1, dtype=str,
+                           keep_default_na=False, **options).iloc[0].tolist()
+      if (error := _duplicate_error(name, header)) is not None:
+        raise error
+      with pd.read_csv(path, na_values=list(MISSING_TOKENS),
+                       chunksize=chunk_rows, **options) as reader:
+        yield from reader
+  except pd.errors.EmptyDataError:
+    raise DataError(f'{name} is empty; it needs a header row and at least '
+                     'one data row') from None
+  except errors as e:
+    raise DataError(f'{name} is not a readable CSV file ({_one_line(e)}); '
+                     f'check that every row has as many {separated}-separated '
+                     'fields as the header, or name a Parquet file .parquet'
+                     ) from None
+
+
+def _parquet_frames(path: str, name: str, chunk_rows: int
+                    ) -> Iterator[pd.DataFrame]:
+  import pyarrow as pa  # noqa: PLC0415  (see the module doc)
+  import pyarrow.parquet as pq  # noqa: PLC0415
+  try:
+    if not os.path.getsize(path):
+      raise DataError(f'{name} is empty; it needs at least one column and '
+                      'one row')
+    parquet = pq.ParquetFile(path)
+    if (error := _duplicate_error(name, parquet.schema_arrow.names)
+        ) is not None:
+      raise error
+    if not parquet.metadata.num_rows:
+      yield parquet.schema_arrow.empty_table().to_pandas()
+    for batch in parquet.iter_batches(batch_size=chunk_rows):
+      yield batch.to_pandas()
+  except (pa.ArrowException, OSError) as e:
+    raise DataError(f'{name} is not a readable Parquet file '
+                     f'({_one_line(e)}); write it again, or name a CSV file '
+                     '.csv') from None
 
 
 def read_frame(path: str, source: str = '') -> pd.DataFrame:

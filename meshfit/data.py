@@ -63,11 +63,13 @@ def _prepare(dataset: DatasetConfig) -> str:
   if dataset.name == csv_regression.NAME:
     tables.check_data_dir(data_dir)
     train_path = dataset.train_path
-    train_path = (os.path.expanduser(train_path) if isinstance(train_path, str)
-                  else tuple(os.path.expanduser(p) for p in train_path))
+    if not os.path.isfile(os.path.expanduser(train_path)):
+      train_path = tuple(os.path.expanduser(p.strip())
+                         for p in train_path.split(',') if p.strip())
     # Every process prepares its share of the training files.
     return csv_regression.prepare(
-        train_path, os.path.expanduser(dataset.eval_path),
+        os.path.expanduser(train_path) if isinstance(train_path, str)
+        else train_path, os.path.expanduser(dataset.eval_path),
         dataset.target_columns, dataset.feature_columns,
         dataset.categorical_columns, data_dir,
         process_index=jax.process_index(),

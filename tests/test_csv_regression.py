@@ -5,6 +5,7 @@ import os
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=8')
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 
+import hashlib  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
 import subprocess  # noqa: E402
@@ -191,16 +192,17 @@ def test_validate_accepts_a_complete_csv_config():
   config_lib.parse(config)  # raises on any problem
 
 
-def test_content_key_depends_on_bytes_and_selection_only():
-  key = csv_regression.content_key(b'a,y\n1,2\n', b'a,y\n3,4\n', ('y',), ())
-  assert key == csv_regression.content_key(b'a,y\n1,2\n', b'a,y\n3,4\n',
-                                           ('y',), ())
+def test_content_key_depends_on_contents_and_selection_only():
+  a, b, c = (hashlib.sha256(text).digest()
+             for text in (b'a,y\n1,2\n', b'a,y\n3,4\n', b'a,y\n3,5\n'))
+  key = csv_regression.content_key([a], b, ('y',), ())
+  assert key == csv_regression.content_key([a], b, ('y',), ())
   others = {
-      csv_regression.content_key(b'a,y\n1,2\n', b'a,y\n3,5\n', ('y',), ()),
-      csv_regression.content_key(b'a,y\n3,4\n', b'a,y\n1,2\n', ('y',), ()),
-      csv_regression.content_key(b'a,y\n1,2\n', b'a,y\n3,4\n', ('y',), ('a',)),
-      # Moving bytes across the file boundary is a different pair of files.
-      csv_regression.content_key(b'a,y\n1,2\na', b',y\n3,4\n', ('y',), ()),
+      csv_regression.content_key([a], c, ('y',), ()),
+      csv_regression.content_key([b], a, ('y',), ()),
+      csv_regression.content_key([a], b, ('y',), ('a',)),
+      # The same files, split differently into training files.
+      csv_regression.content_key([a, b], b, ('y',), ()),
   }
   assert key not in others and len(others) == 4
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from input_pipeline import tables
+from input_pipeline import order, tables
 from meshfit import feeding, sharding
 
 N, F = 100, 3
@@ -223,3 +223,56 @@ def test_call_lengths_are_drawn_in_the_callers_thread(table):
   finally:
     feed.close()
   assert drawn == [threading.main_thread()] * 6
+
+
+class _RecordingTable:
+  """A table that records the row ranges read from it."""
+
+  def __init__(self, n: int, f: int = 2):
+    self.x = np.arange(n * f, dtype=np.float32).reshape(n, f)
+    self.y = np.arange(n, dtype=np.float32)[:, None]
+    self.num_examples, self.num_inputs, self.columns = n, f, f + 1
+    self.nbytes = self.x.nbytes + self.y.nbytes
+    self.reads = []
+
+  def read_rows(self, start, stop):
+    self.reads.append((start, stop))
+    return np.concatenate([self.x[start:stop], self.y[start:stop]], axis=1)
+
+
+def test_processes_read_disjoint_blocks_that_cover_their_batches():
+  """Two processes, each holding half of every batch (32 of 64 lanes):
+  each reads only blocks of its lanes, and together exactly the rows the
+  batches hold, each block once."""
+  n, batch, steps = 200_000, 256, 400
+  reference = order.ExampleOrder(n, batch, seed=7)
+  rows_KxB = reference.rows(0, steps)
+  read = []
+  for half in (slice(0, 128), slice(128, 256)):
+    table = _RecordingTable(n)
+    windows = feeding._Windows(order.ExampleOrder(n, batch, seed=7), table,
+                               half)
+    got = np.concatenate([windows.rows(p, 100)
+                          for p in range(0, steps * batch, 100 * batch)])
+    np.testing.assert_array_equal(got[..., -1], rows_KxB[:, half])
+    blocks = {start // order.block_rows(n) for start, _ in table.reads}
+    assert all(stop - start <= order.block_rows(n)
+               for start, stop in table.reads)
+    assert len(blocks) == len(table.reads)  # each block once (one epoch)
+    batch_blocks = set(np.unique(rows_KxB[:, half] // order.block_rows(n)))
+    assert batch_blocks <= blocks
+    read.append(blocks)
+  assert not read[0] & read[1]
+
+
+def test_a_streamed_lane_holds_one_window_or_two():
+  n = 10**6
+  table = _RecordingTable(n)
+  examples = order.ExampleOrder(n, 64, seed=0)
+  windows = feeding._Windows(examples, table, slice(0, 64))
+  most = 0
+  for position in range(0, 3000 * 64, 100 * 64):
+    windows.rows(position, 100)
+    most = max(most, len(windows._cache))
+  assert most <= 2 * examples.lanes
+  assert len(table.reads) > 10 * examples.lanes  # windows were replaced

@@ -375,3 +375,61 @@ def test_sigterm_to_one_host_stops_every_host_at_the_same_saved_step(
   step = int(saved[0])
   assert f'checkpoint of step {step}' in job.log(0)
   assert f'checkpoint of step {step}' in job.log(1)
+
+
+# A table larger than resident_table_mb (0 here), in four Parquet files:
+# each of 2 processes prepares two of them and reads only its lanes' blocks.
+
+
+@pytest.fixture(scope='module')
+def parquet_table(tmp_path_factory) -> list[str]:
+  import numpy as np  # noqa: PLC0415
+  import pandas as pd  # noqa: PLC0415
+  root = tmp_path_factory.mktemp('parquet')
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(24_000, 4))
+  frame = pd.DataFrame({f'x{i}': x[:, i] for i in range(4)})
+  frame['y'] = np.sin(x[:, 0]) + x[:, 1] * x[:, 2]
+  for i, rows in enumerate(np.array_split(np.arange(len(frame)), 4)):
+    frame.iloc[rows].to_parquet(root / f'train-{i}.parquet', index=False)
+  frame.iloc[:2000].to_parquet(root / 'eval.parquet', index=False)
+  return ['--config.dataset.name=csv_regression',
+          f'--config.dataset.train_path={root}/train-*.parquet',
+          f'--config.dataset.eval_path={root}/eval.parquet',
+          "--config.dataset.target_columns=('y',)",
+          '--config.dataset.validation_fraction=0.1']
+
+
+def _streamed_flags(tmp_path_factory, parquet_table, resident_mb: int
+                    ) -> list[str]:
+  # Members on one 'members' shard: the processes split every batch.
+  return [*_flags(str(tmp_path_factory.mktemp('streamed_data')),
+                  **{'mesh.members': 1,
+                     'dataset.resident_table_mb': resident_mb}),
+          *parquet_table]
+
+
+def test_a_streamed_table_trains_on_2x4_as_on_1x8_and_as_resident(
+    tmp_path_factory, parquet_table):
+  """2 x 4 streamed (each process preparing and reading its share) logs
+  the losses of 1 x 8 streamed; 1 x 8 streamed those of 1 x 8 resident,
+  bit for bit."""
+  runs = {}
+  for name, processes, devices, mb in (('2x4', 2, 4, 0), ('1x8', 1, 8, 0),
+                                       ('1x8_resident', 1, 8, 1024)):
+    runs[name] = str(tmp_path_factory.mktemp(f'streamed_{name}') / 'run')
+    args = [f'--workdir={runs[name]}',
+            *_streamed_flags(tmp_path_factory, parquet_table, mb)]
+    if processes == 1:
+      _one_process(args, devices)
+    else:
+      job = _run_job(tmp_path_factory, f'logs_streamed_{name}', processes,
+                     devices, args)
+      assert 'streamed from the host' in job.log(1)
+  streamed = _scalars(runs['1x8'], 'train/loss')
+  assert sorted(streamed) == [10, 20, 30, 40]
+  _assert_close(_scalars(runs['2x4'], 'train/loss'), streamed)
+  _assert_close(_scalars(runs['2x4'], 'val/loss'),
+                _scalars(runs['1x8'], 'val/loss'))
+  for name in ('train/loss', 'val/loss', 'eval/rmse'):
+    assert _scalars(runs['1x8_resident'], name) == _scalars(runs['1x8'], name)
