@@ -142,7 +142,7 @@ def _free_port() -> int:
 
 
 # absl's log line prefix: I1124 00:23:39.123456.
-_STAMP = re.compile(r'^[IWE](\d{4}) (\d\d):(\d\d):(\d\d\.\d+)')
+_STAMP = re.compile(r'^(?:\[p\d+/\d+\] )?[IWE](\d{4}) (\d\d):(\d\d):(\d\d\.\d+)')
 
 
 def _stamp(line: str, year: int) -> float | None:
@@ -157,7 +157,11 @@ def _stamp(line: str, year: int) -> float | None:
 def measure_train(files: tuple[str, str], data_dir: str, workdir: str,
                   processes: int, devices: int, model: str = 'small',
                   steps: int = 0) -> dict:
-  """A training run: first step, peak RSS, rows/s consumed."""
+  """A training run: first step, peak RSS, rows/s consumed.
+
+  `steps` == 1 logs its one step (its time is the first step's); longer
+  runs log every 100 steps (a log ends a jitted call: logging every step
+  would measure single-step calls)."""
   shutil.rmtree(workdir, ignore_errors=True)
   hidden, batch = MODELS[model]
   flags_ = [
@@ -169,7 +173,8 @@ def measure_train(files: tuple[str, str], data_dir: str, workdir: str,
       f"--config.model.hidden_sizes={hidden}", f'--config.batch_size={batch}',
       '--config.eval_batch_size=4096',
       f'--config.num_train_steps={steps or FLAGS.train_steps}',
-      '--config.log_every_steps=1', '--config.eval_every_steps=0',
+      f'--config.log_every_steps={1 if steps == 1 else 100}',
+      f'--config.eval_every_steps={steps or FLAGS.train_steps}',
       '--config.plots=False', "--config.compilation_cache_dir=''",
       f'--workdir={workdir}']
   # Peak RSS printed at exit by the process itself.
@@ -180,6 +185,7 @@ def measure_train(files: tuple[str, str], data_dir: str, workdir: str,
   env = dict(os.environ,
              XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
   port = _free_port()
+  os.makedirs(os.path.dirname(workdir), exist_ok=True)
   logs = [os.path.join(os.path.dirname(workdir), f'p{i}.log')
           for i in range(processes)]
   start = time.time()
@@ -199,16 +205,16 @@ def measure_train(files: tuple[str, str], data_dir: str, workdir: str,
     if p.returncode:
       raise RuntimeError(f'train.py failed:\n{text[-3000:]}')
   year = time.localtime(start).tm_year
-  first = min(_stamp(line, year) for line in texts[0].splitlines()
-              if re.search(r'\[1\] .*train/loss=', line))
+  first = min((_stamp(line, year) for line in texts[0].splitlines()
+               if re.search(r'\[1\] .*train/loss=', line)), default=None)
   records = [json.loads(line) for line in open(
       os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8')]
   rates = [r['train/steps_per_sec'] for r in records
-           if 'train/steps_per_sec' in r and r['step'] > 20]
-  return {'first_step_s': first - start,
+           if 'train/steps_per_sec' in r and r['step'] > 100]
+  return {'first_step_s': first - start if first else None,
           'rss_gib': [int(re.findall(r'PEAK_RSS_KB (\d+)', t)[-1]) / 2**20
                       for t in texts],
-          'rows_per_s': float(np.median(rates)) * batch,
+          'rows_per_s': float(np.median(rates)) * batch if rates else None,
           'streamed': 'streamed from the host' in texts[0]}
 
 
@@ -273,20 +279,24 @@ def main(argv: Sequence[str]) -> None:
       for processes, devices in ((1, 8), (2, 4)):
         # A first run: it prepares the files (each process its share).
         shutil.rmtree(data_dir, ignore_errors=True)
+        first = measure_train(files, data_dir, os.path.join(
+            home, f'first_{processes}x{devices}', 'run'), processes, devices,
+                              steps=1)
         run = measure_train(files, data_dir, os.path.join(
             home, f'run_{processes}x{devices}', 'run'), processes, devices)
-        train_rows.append([label, 'small', f'{processes} x {devices}',
-                           'streamed' if run['streamed'] else 'resident',
-                           f'{run["first_step_s"]:.1f}',
-                           ' / '.join(f'{r:.2f}' for r in run['rss_gib']),
-                           f'{run["rows_per_s"] / 1e3:.0f}k'])
+        train_rows.append([
+            label, 'small', f'{processes} x {devices}',
+            'streamed' if run['streamed'] else 'resident',
+            f'{first["first_step_s"]:.1f}',
+            ' / '.join(f'{r:.2f}' for r in first['rss_gib']),
+            ' / '.join(f'{r:.2f}' for r in run['rss_gib']),
+            f'{run["rows_per_s"] / 1e3:.0f}k'])
         print(train_rows[-1], flush=True)
       run = measure_train(files, data_dir, os.path.join(
-          home, 'run_medium', 'run'), 1, 8, 'medium', 300)
+          home, 'run_medium', 'run'), 1, 8, 'medium', 600)
       train_rows.append([label, 'medium', '1 x 8',
-                         'streamed' if run['streamed'] else 'resident',
-                         f'{run["first_step_s"]:.1f}',
-                         ' / '.join(f'{r:.2f}' for r in run['rss_gib']),
+                         'streamed' if run['streamed'] else 'resident', '',
+                         '', ' / '.join(f'{r:.2f}' for r in run['rss_gib']),
                          f'{run["rows_per_s"] / 1e3:.0f}k'])
       print(train_rows[-1], flush=True)
     if 'input' in FLAGS.sections:
@@ -306,7 +316,8 @@ def main(argv: Sequence[str]) -> None:
           'batch 1024):\n')
     print(markdown_table(['rows', 'model', 'processes x devices', 'table',
                           'first step s (first run)',
-                          'peak RSS GiB per process',
+                          'its peak RSS GiB per process',
+                          'training: peak RSS GiB per process',
                           'rows/s consumed'], train_rows, text_columns=4))
   if input_rows:
     print('\nThe streamed feed alone (all processes together):\n')
