@@ -14,7 +14,8 @@ order and `test-00000.f32` for the evaluation file, each with a
 the parts, the row counts, the training data's content key). The key is a
 sha256 of every file's bytes and the selection, so a prepared dataset is
 found again while the files are unchanged (wherever they are moved) and a
-changed file is prepared afresh. No process ever holds a whole file.
+changed file is prepared afresh. No process ever holds a whole file, and
+with several processes each hashes only its share of the files.
 
 The plan is fit on the training rows when they number at most
 PLAN_SAMPLE_ROWS, else on the first rows of each file (an equal share of
@@ -63,6 +64,9 @@ PLAN_SAMPLE_ROWS = 1 << 20
 _HASH_READ = 8 << 20
 
 Barrier = Callable[[str], None]
+# (this process's array) -> every process's, stacked (jax's
+# multihost_utils.process_allgather).
+Gather = Callable[[np.ndarray], np.ndarray]
 
 
 def train_files(train_path: str | Sequence[str]) -> list[str]:
@@ -122,6 +126,24 @@ def file_digest(path: str, source: str = '') -> bytes:
   return digest.digest()
 
 
+def _digests(paths: Sequence[str], sources: Sequence[str], process_index: int,
+             process_count: int, gather: Gather | None) -> list[bytes]:
+  """Every file's digest; each process hashes files i % P == its index."""
+  if gather is None or process_count == 1:
+    return [file_digest(p, s) for p, s in zip(paths, sources)]
+  # Every process checks every file exists (a cheap stat), so a missing
+  # one is an error on all of them alike, before any collective.
+  for path, source in zip(paths, sources):
+    if not os.path.isfile(path):
+      file_digest(path, source)
+  mine = np.zeros((-(-len(paths) // process_count), 32), np.uint8)
+  for j, i in enumerate(range(process_index, len(paths), process_count)):
+    mine[j] = np.frombuffer(file_digest(paths[i], sources[i]), np.uint8)
+  every = np.asarray(gather(mine))  # process x file of its share x 32
+  return [every[i % process_count, i // process_count].tobytes()
+          for i in range(len(paths))]
+
+
 def content_key(train_digests: Sequence[bytes], eval_digest: bytes,
                 target_columns: Sequence[str],
                 feature_columns: Sequence[str],
@@ -155,7 +177,8 @@ def prepare(train_path: str | Sequence[str], eval_path: str,
             target_columns: Sequence[str], feature_columns: Sequence[str],
             categorical_columns: Sequence[str], data_dir: str, *,
             process_index: int = 0, process_count: int = 1,
-            barrier: Barrier | None = None) -> str:
+            barrier: Barrier | None = None,
+            gather: Gather | None = None) -> str:
   """Where the dataset of these files is prepared, preparing it if needed.
 
   Every process of a job calls it (with `barrier`, which returns once all
@@ -172,6 +195,8 @@ def prepare(train_path: str | Sequence[str], eval_path: str,
     process_index: this process, 0..process_count - 1.
     process_count: the processes preparing together.
     barrier: waits for every process (None: a single process).
+    gather: hands every process the others' arrays (None: a single
+      process); each process hashes only its share of the files.
 
   Returns:
     The prepared dataset's directory, for `open_split` and `manifest`.
@@ -182,8 +207,10 @@ def prepare(train_path: str | Sequence[str], eval_path: str,
   """
   sources = ('dataset.train_path', 'dataset.eval_path')
   files = train_files(train_path)
-  digests = [file_digest(f, sources[0]) for f in files]
-  eval_digest = file_digest(eval_path, sources[1])
+  digests = _digests([*files, eval_path],
+                     [sources[0]] * len(files) + [sources[1]],
+                     process_index, process_count, gather)
+  digests, eval_digest = digests[:-1], digests[-1]
   directory = prepared_dir(data_dir, content_key(
       digests, eval_digest, target_columns, feature_columns,
       categorical_columns))

@@ -74,7 +74,9 @@ def _prepare(dataset: DatasetConfig) -> str:
         dataset.categorical_columns, data_dir,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
-        barrier=_barrier if jax.process_count() > 1 else None)
+        barrier=_barrier if jax.process_count() > 1 else None,
+        gather=(multihost_utils.process_allgather
+                if jax.process_count() > 1 else None))
   return tables.prepare_generated(dataset.name, data_dir)
 
 

@@ -165,3 +165,23 @@ def test_tables_benchmark_reports_meshfit_beside_refs_and_refusals(tmp_path):
   assert saved['meshfit_args'] == ['--config.num_train_steps=1000',
                                    '--config.eval_every_steps=1000']
   assert saved['commit']
+
+
+def test_scale_benchmark_prepares_and_streams_a_small_table(tmp_path):
+  env = dict(os.environ, NO_GCE_CHECK='true')
+  env.pop('XLA_FLAGS', None)
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'benchmarks', 'scale.py'),
+       '--rows=30000', '--sections=prepare,input', '--input_seconds=0.5',
+       f'--workroot={tmp_path}'],
+      capture_output=True, text=True, env=env, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  tables = [[[c.strip() for c in line.split('|')[1:-1]] for line in block]
+            for block in _tables(result.stdout)]
+  prepare, feed = tables
+  assert prepare[2][0] == '0.03M' and len(prepare) == 3
+  for cell in prepare[2][1:]:
+    assert float(cell) > 0
+  assert [row[1] for row in feed[2:]] == ['1', '2']
+  assert all(float(row[2].rstrip('M')) > 0 for row in feed[2:])
+  assert len(os.listdir(tmp_path / '30000' / 'files')) == 9  # 8 + eval

@@ -112,20 +112,36 @@ def test_a_changed_file_is_another_dataset(table):
 
 def test_two_processes_prepare_their_shares_into_the_same_files(
     table, monkeypatch):
-  """Two threads stand for two processes: each encodes its files (1 and 3
-  of 3 for process 0, with the eval file; 2 for process 1), and the
-  result is byte for byte one process's."""
+  """Two threads stand for two processes: each hashes and encodes its
+  files (1 and 3 of 3 for process 0, with the eval file to encode; 2 and
+  the eval file to hash for process 1), and the result is byte for byte
+  one process's."""
   one = _prepare(str(table / 'part-*.csv'), str(table / 'eval.csv'),
                  str(table / 'one'))
-  encoded = {0: [], 1: []}
+  encoded, hashed = {0: [], 1: []}, {0: [], 1: []}
   encode = csv_regression._encode_part  # noqa: SLF001
+  digest = csv_regression.file_digest
   barrier = threading.Barrier(2)
+  shared = {}
 
   def recording(directory, plan, part, path, source):
     encoded[int(threading.current_thread().name)].append(part)
     return encode(directory, plan, part, path, source)
 
+  def hashing(path, source=''):
+    hashed[int(threading.current_thread().name)].append(
+        os.path.basename(path))
+    return digest(path, source)
+
+  def gather(array):
+    shared[threading.current_thread().name] = array
+    barrier.wait(timeout=60)
+    every = np.stack([shared['0'], shared['1']])
+    barrier.wait(timeout=60)
+    return every
+
   monkeypatch.setattr(csv_regression, '_encode_part', recording)
+  monkeypatch.setattr(csv_regression, 'file_digest', hashing)
   results, errors = {}, []
 
   def process(index):
@@ -133,7 +149,7 @@ def test_two_processes_prepare_their_shares_into_the_same_files(
       results[index] = _prepare(
           str(table / 'part-*.csv'), str(table / 'eval.csv'),
           str(table / 'two'), process_index=index, process_count=2,
-          barrier=lambda name: barrier.wait(timeout=60))
+          barrier=lambda name: barrier.wait(timeout=60), gather=gather)
     except Exception as e:  # noqa: BLE001  (reported below)
       errors.append(e)
 
@@ -146,6 +162,8 @@ def test_two_processes_prepare_their_shares_into_the_same_files(
   assert not errors and results[0] == results[1]
   assert sorted(encoded[0]) == ['test-00000', 'train-00000', 'train-00002']
   assert encoded[1] == ['train-00001']
+  assert hashed == {0: ['part-0.csv', 'part-2.csv'],
+                    1: ['part-1.csv', 'eval.csv']}
   two = results[0]
   assert os.path.basename(one) == os.path.basename(two)
   names = sorted(n for n in os.listdir(one) if n.endswith(('.f32', '.json'))
