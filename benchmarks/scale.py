@@ -15,6 +15,10 @@ each in fresh processes:
                   persistent cache; the medium run's table is prepared), peak RSS
                   of each process, and the rows/s the model consumed (the
                   median of its logged steps/s, x batch)
+  formats         reading random blocks of 4096 rows from the prepared parts
+                  (`Store.read_rows`) against the same blocks as ArrayRecord
+                  records (one record per block, read through
+                  `ArrayRecordDataSource`, what Grain reads with)
   input           the streamed feed alone (`feeding._Windows`: reading each
                   lane's windows of blocks from the prepared parts, shuffled)
                   for one process's entries of every batch, in 1 process
@@ -54,7 +58,7 @@ EVAL_ROWS = 100_000
 
 flags.DEFINE_list('rows', ['1000000', '10000000', '50000000'],
                   'Table sizes, in rows.')
-flags.DEFINE_list('sections', ['prepare', 'train', 'input'],
+flags.DEFINE_list('sections', ['prepare', 'train', 'formats', 'input'],
                   'What to measure.')
 flags.DEFINE_string('workroot', '/tmp/meshfit-scale', 'Where the tables, '
                     'their prepared copies and the runs go.')
@@ -103,14 +107,22 @@ def generate(directory: str, rows: int) -> tuple[str, str]:
 
 
 def _prepare_worker(files: tuple[str, str], data_dir: str, index: int,
-                    count: int, barrier, results) -> None:
+                    count: int, barrier, shared, results) -> None:
   import resource  # noqa: PLC0415
   from input_pipeline import csv_regression  # noqa: PLC0415
+
+  def gather(array: np.ndarray) -> np.ndarray:
+    # What jax's process_allgather does for train.py, between processes.
+    shared[index] = array
+    barrier.wait()
+    every = np.stack([shared[i] for i in range(count)])
+    barrier.wait()
+    return every
   start = time.perf_counter()
   csv_regression.prepare(files[0], files[1], ('y',), (), (), data_dir,
                          process_index=index, process_count=count,
                          barrier=(lambda name: barrier.wait()) if count > 1
-                         else None)
+                         else None, gather=gather if count > 1 else None)
   results.put((index, time.perf_counter() - start,
                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20))
 
@@ -121,14 +133,18 @@ def measure_prepare(files: tuple[str, str], data_dir: str, rows: int,
   shutil.rmtree(data_dir, ignore_errors=True)
   context = multiprocessing.get_context('spawn')
   barrier, results = context.Barrier(processes), context.Queue()
+  manager = context.Manager()
+  shared = manager.dict()
   workers = [context.Process(target=_prepare_worker,
                              args=(files, data_dir, i, processes, barrier,
-                                   results)) for i in range(processes)]
+                                   shared, results))
+             for i in range(processes)]
   for w in workers:
     w.start()
   out = [results.get(timeout=3600) for _ in workers]
   for w in workers:
     w.join()
+  manager.shutdown()
   seconds = max(s for _, s, _ in out)
   return {'seconds': seconds,
           'rows_per_s_per_process': rows / seconds / processes,
@@ -251,6 +267,37 @@ def measure_input(directory: str, processes: int) -> float:
   return total
 
 
+def measure_formats(directory: str, blocks: int = 2000) -> dict[str, float]:
+  """Rows/s reading `blocks` random blocks of 4096 rows, both ways."""
+  from array_record.python import (  # noqa: PLC0415
+      array_record_data_source, array_record_module)
+  from input_pipeline import csv_regression  # noqa: PLC0415
+  store = csv_regression.open_split(directory, 'train')
+  rows = 4096
+  count = min(blocks, store.num_examples // rows)
+  path = os.path.join(os.path.dirname(directory), 'blocks.array_record')
+  writer = array_record_module.ArrayRecordWriter(path, 'group_size:1')
+  for b in range(count):
+    writer.write(store.read_rows(b * rows, (b + 1) * rows).tobytes())
+  writer.close()
+  order = np.random.default_rng(0).permutation(count)
+  timings = {}
+  start = time.perf_counter()
+  for b in order:
+    store.read_rows(int(b) * rows, (int(b) + 1) * rows)
+  timings['prepared parts (preadv)'] = count * rows / (
+      time.perf_counter() - start)
+  source = array_record_data_source.ArrayRecordDataSource(path)
+  start = time.perf_counter()
+  for i in range(0, count, 64):
+    for record in source.__getitems__(order[i:i + 64].tolist()):
+      np.frombuffer(record, np.float32).reshape(rows, -1)
+  timings['ArrayRecord (64 records a call)'] = count * rows / (
+      time.perf_counter() - start)
+  os.remove(path)
+  return timings
+
+
 def _prepared(data_dir: str) -> str:
   root = os.path.join(data_dir, 'csv_regression')
   return os.path.join(root, os.listdir(root)[0])
@@ -260,7 +307,7 @@ def main(argv: Sequence[str]) -> None:
   del argv
   sys.path.insert(0, ROOT)
   rows_list = [int(r) for r in FLAGS.rows]
-  prepare_rows, train_rows, input_rows = [], [], []
+  prepare_rows, train_rows, format_rows, input_rows = [], [], [], []
   for rows in rows_list:
     home = os.path.join(FLAGS.workroot, f'{rows}')
     files = generate(os.path.join(home, 'files'), rows)
@@ -299,6 +346,12 @@ def main(argv: Sequence[str]) -> None:
                          '', ' / '.join(f'{r:.2f}' for r in run['rss_gib']),
                          f'{run["rows_per_s"] / 1e3:.0f}k'])
       print(train_rows[-1], flush=True)
+    if 'formats' in FLAGS.sections:
+      if not os.path.exists(os.path.join(data_dir, 'csv_regression')):
+        measure_prepare(files, data_dir, rows, 1)
+      for name, rate in measure_formats(_prepared(data_dir)).items():
+        format_rows.append([label, name, f'{rate / 1e6:.1f}M'])
+        print(format_rows[-1], flush=True)
     if 'input' in FLAGS.sections:
       if not os.path.exists(os.path.join(data_dir, 'csv_regression')):
         measure_prepare(files, data_dir, rows, 1)
@@ -319,6 +372,10 @@ def main(argv: Sequence[str]) -> None:
                           'its peak RSS GiB per process',
                           'training: peak RSS GiB per process',
                           'rows/s consumed'], train_rows, text_columns=4))
+  if format_rows:
+    print('\nRandom blocks of 4096 rows, read from the page cache:\n')
+    print(markdown_table(['rows', 'format', 'rows/s'], format_rows,
+                         text_columns=2))
   if input_rows:
     print('\nThe streamed feed alone (all processes together):\n')
     print(markdown_table(['rows', 'processes', 'rows/s delivered'],

@@ -53,8 +53,9 @@ def get_config() -> ml_collections.ConfigDict:
   # when needed: they are only row indices).
   config.dataset.prefetch_batches = 2
   # A training table (features + targets, float32) up to this many MiB is
-  # copied once to every device and batches are gathered there; a larger one
-  # is streamed from the host. 0 always streams.
+  # read into host memory and copied once to every device (on CPU: all
+  # copies together), and batches are gathered there; a larger one stays on
+  # disk, each process reading only its rows. 0 always streams.
   config.dataset.resident_table_mb = 1024
 
   config.model = ml_collections.ConfigDict()

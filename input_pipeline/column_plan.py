@@ -49,6 +49,9 @@ MAX_DISTINCT_FRACTION = 0.9
 # A column whose cells are numbers at least this often is numeric: the other
 # cells are errors to report, not a sign that the column is text.
 NUMERIC_FRACTION = 0.9
+# A mostly numeric column with at most this many distinct numbers, whose
+# text cells each recur, is a category (codes and a level or two of text).
+MAX_LEVELS_WITH_TEXT = 32
 # How many cells a column needs before its distinct fraction says anything.
 MIN_CELLS_FOR_ID = 20
 UNKNOWN_CODE, MISSING_CODE, FIRST_VALUE_CODE = 0, 1, 2
@@ -294,6 +297,12 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
     return Column(name, 'number', has_missing)
   numbers = pd.to_numeric(present, errors='coerce')
   if len(present) and numbers.notna().mean() >= NUMERIC_FRACTION:
+    words = present[numbers.isna()].map(_as_text).value_counts()
+    if (len(words) and (words >= MIN_COUNT).all()
+        and numbers.nunique() <= MAX_LEVELS_WITH_TEXT):
+      # Few numbers and text that recurs (grades 9-12 and 'other'): levels
+      # of a category, not a number with typos.
+      return _category(present.map(_as_text), name, has_missing)
     _numbers(values, name, file_name)  # names the first cell that is text
     return Column(name, 'number', has_missing)
   dates = _parse_dates(present)

@@ -70,9 +70,11 @@ def process_rows(batch_sharding: NamedSharding, global_rows: int) -> slice:
   return process_block(batch_sharding, (global_rows,))[0]
 
 
-def fits_on_device(table: Rows, limit_mb: int) -> bool:
-  """Whether a training table is small enough to copy to every device."""
-  return table.nbytes <= limit_mb * 2**20
+def fits_on_device(table: Rows, limit_mb: int, copies: int = 1) -> bool:
+  """Whether a training table is small enough to copy to every device:
+  `copies` of it (CPU devices share their host's memory) within the
+  limit."""
+  return table.nbytes * copies <= limit_mb * 2**20
 
 
 class TrainFeed:

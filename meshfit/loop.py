@@ -274,8 +274,11 @@ def _plan(config: Config, setup: runtime.Setup, splits: data.Splits,
       periods)
   calls = call_plan.plan_calls(initial_step, last_step, max_steps_per_call,
                                periods, profile.stops)
+  # A CPU's devices hold their copies in the one host memory.
+  copies = (jax.local_device_count() if jax.devices()[0].platform == 'cpu'
+            else 1)
   resident = (isinstance(splits.train, Table) and feeding.fits_on_device(
-      splits.train, config.dataset.resident_table_mb))
+      splits.train, config.dataset.resident_table_mb, copies))
   feed = feeding.TrainFeed(
       splits.train, blocks=splits.blocks, batch_size=config.batch_size,
       seed=config.seed, mesh=setup.mesh, steps_per_call=max_steps_per_call,

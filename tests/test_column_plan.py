@@ -127,6 +127,21 @@ def test_targets_may_be_missing_but_not_text():
     _fit(frame)
 
 
+def test_codes_with_a_recurring_word_are_a_category():
+  """Grades 9-12 and 'other' (yrbss): a level, not a typo; a word that
+  recurs among many distinct numbers is still an error."""
+  rng = np.random.default_rng(0)
+  grade = rng.choice(['9', '10', '11', '12'], 60).astype(object)
+  grade[[3, 20, 41]] = 'other'
+  frame = pd.DataFrame({'grade': grade, 'y': rng.normal(size=60)})
+  column = column_plan.fit(frame, ('y',)).features[0]
+  assert column.kind == 'category' and 'other' in column.vocabulary
+  frame['grade'] = rng.normal(size=60).astype(object)
+  frame.loc[[3, 20, 41], 'grade'] = 'other'
+  with pytest.raises(DataError, match="'other' is not a number"):
+    column_plan.fit(frame, ('y',))
+
+
 def test_a_typo_in_a_number_column_is_named_with_the_fix():
   frame = _table()
   frame['size'] = frame['size'].astype(object)
