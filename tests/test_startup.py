@@ -50,7 +50,7 @@ def _load_twice(dataset, train_rows: int) -> list[str]:
       'from meshfit import config, data\n'
       'splits = data.load_splits(config.parse_dataset('
       f'{dataset.to_dict()!r}), 0)\n'
-      f'assert splits.train.num_examples == {train_rows}')
+      f'assert splits.blocks.num_rows == {train_rows}')
 
 
 def test_prepared_generated_dataset_loads_with_none(data_dir):
