@@ -109,16 +109,7 @@ def file_digest(path: str, source: str = '') -> bytes:
   Raises:
     DataError: the file is missing or not a file.
   """
-  name = table_files.describe(path, source)
-  if not path:
-    raise DataError(f'no file given{f" for {source}" if source else ""}; '
-                    'give the path of a CSV or Parquet file')
-  if not os.path.exists(path):
-    raise DataError(f'{name} does not exist; give the path of a CSV or '
-                    'Parquet file with a header row')
-  if not os.path.isfile(path):
-    raise DataError(f'{name} is not a file; give the path of a CSV or '
-                    'Parquet file with a header row')
+  table_files.check_file(path, source)
   digest = hashlib.sha256()
   with open(path, 'rb') as f:
     while piece := f.read(_HASH_READ):
@@ -134,8 +125,7 @@ def _digests(paths: Sequence[str], sources: Sequence[str], process_index: int,
   # Every process checks every file exists (a cheap stat), so a missing
   # one is an error on all of them alike, before any collective.
   for path, source in zip(paths, sources):
-    if not os.path.isfile(path):
-      file_digest(path, source)
+    table_files.check_file(path, source)
   mine = np.zeros((-(-len(paths) // process_count), 32), np.uint8)
   for j, i in enumerate(range(process_index, len(paths), process_count)):
     mine[j] = np.frombuffer(file_digest(paths[i], sources[i]), np.uint8)

@@ -55,6 +55,13 @@ def read_bytes(path: str, source: str = '') -> bytes:
   Returns:
     The file's bytes.
   """
+  check_file(path, source)
+  with open(path, 'rb') as f:
+    return f.read()
+
+
+def check_file(path: str, source: str = '') -> None:
+  """DataError unless `path` names an existing file (`read_bytes`'s)."""
   name = describe(path, source)
   if not path:
     raise DataError(f'no file given{f" for {source}" if source else ""}; '
@@ -65,8 +72,6 @@ def read_bytes(path: str, source: str = '') -> bytes:
   if not os.path.isfile(path):
     raise DataError(f'{name} is not a file; give the path of a CSV or '
                      'Parquet file with a header row')
-  with open(path, 'rb') as f:
-    return f.read()
 
 
 def _duplicate_error(name: str, header: Sequence[object]) -> DataError | None:
@@ -186,8 +191,7 @@ def iter_frames(path: str, source: str, chunk_rows: int
     (frame, the data row index of its first row, 0-based).
   """
   name = describe(path, source)
-  if not os.path.isfile(path):
-    read_bytes(path, source)  # raises the missing-file message
+  check_file(path, source)
   frames = (_parquet_frames if is_parquet(path) else _csv_frames)(
       path, name, chunk_rows)
   first = 0

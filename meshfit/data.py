@@ -21,7 +21,9 @@ from meshfit.config import DatasetConfig
 _VALIDATION_STREAM = 0x5EED
 # The feature statistics (medians, quantiles, means) are computed from at
 # most about this many training rows: every k-th block of a larger table.
-STATS_ROWS = 1 << 20
+# Their sampling error is ~0.1% of a standard deviation; numpy's quantiles
+# of 2^20 rows took 3 of the 10 s to a 1M-row table's first step.
+STATS_ROWS = 1 << 18
 
 
 @dataclasses.dataclass(frozen=True)
