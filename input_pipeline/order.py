@@ -260,10 +260,14 @@ class ExampleOrder:
     epochs = range(int(epoch.min()), int(epoch.max()) + 1)
     arranged = [self._epoch_rows(e) for e in epochs]
     self._epochs = {e: self._epochs[e] for e in epochs}
-    base = np.cumsum([0] + [len(a) for a in arranged])[:-1]
     lane_start = np.cumsum(self._lane_rows) - self._lane_rows
-    flat = (base[epoch - epochs.start] + lane_start[lanes][:, None] + offset)
-    ids = np.concatenate(arranged)[flat]  # lanes x (K * B / L)
+    if len(arranged) == 1:  # most calls: no copy of a large table's epoch
+      ids = arranged[0][lane_start[lanes][:, None] + offset]
+    else:
+      base = np.cumsum([0] + [len(a) for a in arranged])[:-1]
+      ids = np.concatenate(arranged)[
+          base[epoch - epochs.start] + lane_start[lanes][:, None] + offset]
+    # ids: lanes x (K * B / L)
     ids = ids.reshape(len(lanes), num_batches, self.lane_entries)
     ids = ids.transpose(1, 0, 2).reshape(num_batches, -1)
     skip = lanes[0] * self.lane_entries
