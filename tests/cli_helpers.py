@@ -23,6 +23,16 @@ def run_train(*args: str, devices: int = 8,
   return proc
 
 
+def override(config, changes: dict) -> None:
+  """Sets each dotted key of `changes` ('dataset.data_dir') in `config`."""
+  for key, value in changes.items():
+    *parents, leaf = key.split('.')
+    node = config
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+
+
 def regression_frame(n: int, seed: int) -> pd.DataFrame:
   """y = 3 a - 2 b + 0.1 c and z = a b, with a text 'id' column."""
   rng = np.random.default_rng(seed)

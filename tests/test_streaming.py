@@ -16,6 +16,7 @@ import shutil  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from cli_helpers import override  # noqa: E402
 
 from configs import csv as csv_config  # noqa: E402
 from input_pipeline import csv_regression, order  # noqa: E402
@@ -58,12 +59,7 @@ def _config(table_files, data_dir: str, **changes):
   config.eval_every_steps = 20
   config.checkpoint_every_steps = 10
   config.plots = False
-  for key, value in changes.items():
-    *parents, leaf = key.split('.')
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  override(config, changes)
   return config
 
 

@@ -12,7 +12,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from cli_helpers import ROOT, run_train
+from cli_helpers import ROOT, override, run_train
 
 from configs import csv as csv_config
 from input_pipeline.errors import DataError
@@ -33,12 +33,7 @@ def _config(tmp_path, train: str, test: str, targets=('body_mass_g',),
   config.eval_every_steps = 50
   config.log_every_steps = 50
   config.plots = False
-  for key, value in changes.items():
-    *parents, leaf = key.split('.')
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  override(config, changes)
   return config
 
 
