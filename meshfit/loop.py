@@ -18,12 +18,12 @@ import numpy as np
 import optax
 from absl import logging
 
+from input_pipeline.tables import Table
 from meshfit import (call_plan, checkpoint_policy, checkpointing,
                      compilation_cache, config as config_lib, config_files,
                      data, evaluations as evaluations_lib, feeding, metrics,
                      optim, plots, runtime, state as state_lib, steps,
                      workdir_lock, writers)
-from input_pipeline.tables import Table
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.features import FeatureStats, InputLayout

@@ -221,7 +221,6 @@ def _finite_mean(values_M: jax.Array, loss_M: jax.Array) -> jax.Array:
 
 def train_call(state: TrainState, table_z: Batch, chunk: Batch,
                num_steps: jax.Array, *, graphdef: nnx.GraphDef,
-               layout: InputLayout,
                member_tx: Callable[[Hyperparameters],
                                    optax.GradientTransformation],
                log_every_steps: int, batch_sharding: NamedSharding,
@@ -242,7 +241,6 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
       K x M x B rows as `encode` returns them (`jit_encode_chunk`).
     num_steps: how many of the chunk's K steps to train (int32 scalar).
     graphdef: one member's structure.
-    layout: which input columns are numbers and which categories.
     member_tx: a member's optimizer from its hyperparameters.
     log_every_steps: the train metrics' window.
     batch_sharding: where each step's batches (M x B) live.
@@ -383,7 +381,7 @@ def jit_train_call(graphdef: nnx.GraphDef, layout: InputLayout,
   `num_steps` (a numpy int32 will do) replicated.
   """
   return TrainCall(jax.jit(
-      functools.partial(train_call, graphdef=graphdef, layout=layout,
+      functools.partial(train_call, graphdef=graphdef,
                         member_tx=member_tx, log_every_steps=log_every_steps,
                         batch_sharding=sharding.member_batch_sharding(mesh),
                         dropout=dropout),
