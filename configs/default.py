@@ -48,6 +48,12 @@ def get_config() -> ml_collections.ConfigDict:
   # checkpoint is kept beside the newest ones and eval/predict use it.
   # 0: no validation.
   config.dataset.validation_fraction = 0.0
+  # Cross-fitting instead: the training rows dealt into this many folds
+  # (seeded, the same every run), member m trained on all but fold
+  # m % folds and validated on it, so that every row validates and the
+  # ensemble learns from every row. model.ensemble_size must be a multiple;
+  # the table must fit in memory (dataset.resident_table_mb). 0: no folds.
+  config.dataset.validation_folds = 0
   # Chunks of steps_per_call batches that a thread prepares ahead when the
   # table is streamed from the host (a resident table's chunks are made
   # when needed: they are only row indices).
@@ -110,18 +116,24 @@ def get_config() -> ml_collections.ConfigDict:
   # Clip gradients to this global norm; 0 disables clipping.
   config.optimizer.grad_clip_norm = 0.0
 
-  # Global batch size, summed over all devices and hosts.
+  # Global batch size, summed over all devices and hosts. 0 sizes it to the
+  # training table (meshfit/sizing.py: a power of two near 2 sqrt(rows),
+  # 32 to 1024).
   config.batch_size = 256
   # Global batch size for evaluation (the last batch is padded and masked).
   config.eval_batch_size = 1024
-  # Total optimizer steps of the run.
+  # Total optimizer steps of the run. 0: train_epochs epochs of the training
+  # rows (at most 20,000 steps).
   config.num_train_steps = 4000
+  # Epochs of a run whose num_train_steps is 0.
+  config.train_epochs = 100.0
   # Optimizer steps per jitted call (a loop on the device): fewer host round
   # trips. 0 sizes calls to the model (~20 GFLOP on CPU, up to 128 steps).
   # Log, eval, profile and checkpoint steps end a call; SIGTERM
   # is answered when the call in flight ends. Results do not depend on it.
   config.steps_per_call = 0
-  # Periods in steps: train metrics, evaluation.
+  # Periods in steps: train metrics, evaluation. 0: about one epoch, and at
+  # least 25 in the run.
   config.log_every_steps = 100
   config.eval_every_steps = 1000
   # A checkpoint at every multiple of this step (0: none by step count).

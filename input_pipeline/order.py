@@ -86,6 +86,13 @@ class Blocks:
     start = np.arange(0, num_rows, r, dtype=np.int64)
     return cls(start, np.minimum(start + r, num_rows))
 
+  @classmethod
+  def union(cls, parts: Sequence['Blocks']) -> 'Blocks':
+    """The blocks of every part, in table order."""
+    start = np.concatenate([p.start for p in parts])
+    order = np.argsort(start, kind='stable')
+    return cls(start[order], np.concatenate([p.stop for p in parts])[order])
+
   def __len__(self) -> int:
     return len(self.start)
 
@@ -128,6 +135,22 @@ def hold_out_blocks(num_rows: int, fraction: float, seed: int, stream: int
   chosen[rng.permutation(n)[:held]] = True
   return blocks.take(np.flatnonzero(~chosen)), blocks.take(
       np.flatnonzero(chosen))
+
+
+def fold_blocks(num_rows: int, folds: int, seed: int, stream: int
+                ) -> list[Blocks] | None:
+  """The table's blocks dealt into `folds` folds of as equal a size as the
+  blocks allow, drawn from (seed, stream), each fold's blocks in table
+  order; None if some fold would be empty."""
+  blocks = Blocks.of_table(num_rows)
+  n = len(blocks)
+  if n < folds:
+    return None
+  rng = np.random.Generator(np.random.Philox(key=[seed, stream]))
+  fold_of_block = np.empty(n, np.int64)
+  fold_of_block[rng.permutation(n)] = np.arange(n) % folds
+  return [blocks.take(np.flatnonzero(fold_of_block == f))
+          for f in range(folds)]
 
 
 def epoch_permutation(seed: int, epoch: int, num_examples: int,

@@ -44,6 +44,7 @@ class DatasetConfig:
   standardize: bool
   numeric_scaling: str
   validation_fraction: float
+  validation_folds: int
   prefetch_batches: int
   resident_table_mb: int
 
@@ -89,6 +90,7 @@ class Config:
   batch_size: int
   eval_batch_size: int
   num_train_steps: int
+  train_epochs: float
   steps_per_call: int
   log_every_steps: int
   eval_every_steps: int
@@ -179,12 +181,20 @@ def parse_dataset(raw: Mapping[str, Any]) -> DatasetConfig:
 
 def _check_top(config: Config) -> None:
   _require(_is_int(config.seed), f'seed={config.seed!r} must be an integer')
-  for key in ('batch_size', 'eval_batch_size', 'num_train_steps',
-              'log_every_steps', 'eval_every_steps',
-              'max_checkpoints_to_keep', 'profile_num_steps'):
+  for key in ('eval_batch_size', 'max_checkpoints_to_keep',
+              'profile_num_steps'):
     value = getattr(config, key)
     _require(_is_int(value) and value > 0,
              f'{key}={value!r} must be a positive integer')
+  for key in ('batch_size', 'num_train_steps', 'log_every_steps',
+              'eval_every_steps'):
+    value = getattr(config, key)
+    _require(_is_int(value) and value >= 0,
+             f'{key}={value!r} must be a positive integer, or 0 to size it '
+             'to the training table')
+  _require(_is_number(config.train_epochs) and config.train_epochs > 0,
+           f'train_epochs={config.train_epochs!r} must be a positive number '
+           '(the epochs of a run whose num_train_steps is 0)')
   for key in ('profile_start_step', 'steps_per_call',
               'checkpoint_every_steps', 'early_stopping_evals'):
     value = getattr(config, key)
@@ -214,6 +224,15 @@ def _check_dataset(dataset: DatasetConfig) -> None:
            and 0 <= dataset.validation_fraction < 1,
            f'dataset.validation_fraction={dataset.validation_fraction!r} must '
            'be in [0, 1) (0: no validation)')
+  folds = dataset.validation_folds
+  _require(_is_int(folds) and (folds == 0 or folds >= 2),
+           f'dataset.validation_folds={folds!r} must be 0 (no folds) or a '
+           'number of folds >= 2')
+  _require(not (folds and dataset.validation_fraction),
+           f'dataset.validation_folds={folds} holds out every training row '
+           'once (a fold per member) and dataset.validation_fraction='
+           f'{dataset.validation_fraction:g} a fraction for every member; '
+           'choose one: set the other to 0')
   _require(_is_int(dataset.prefetch_batches) and dataset.prefetch_batches > 0,
            f'dataset.prefetch_batches={dataset.prefetch_batches!r} must be a '
            'positive integer')
@@ -332,13 +351,23 @@ def _check_sweep(config: Config) -> None:
            f'unknown; use one of {", ".join(SELECTIONS)}')
   size = grid_size(sweep)
   members = config.model.ensemble_size
-  _require(members % size == 0,
+  folds = max(config.dataset.validation_folds, 1)
+  _require(members % folds == 0,
+           f'model.ensemble_size={members} is not a multiple of '
+           f'dataset.validation_folds={folds}; use a multiple of {folds} '
+           '(member m holds out fold m % folds)')
+  _require(members // folds % size == 0,
            f'model.ensemble_size={members} is not a multiple of the sweep\'s '
-           f'{size} combinations; use a multiple of {size} (members take the '
-           'combinations in turn)')
-  _require(sweep.select == 'all' or config.dataset.validation_fraction > 0,
+           f'{size} combinations'
+           + (f' times the {folds} folds' if folds > 1 else '')
+           + f'; use a multiple of {size * folds} (members take the '
+           'combinations in turn' + (', each on every fold' if folds > 1
+                                     else '') + ')')
+  _require(sweep.select == 'all' or config.dataset.validation_fraction > 0
+           or config.dataset.validation_folds,
            f"sweep.select='{sweep.select}' chooses members on validation "
-           'rows; set dataset.validation_fraction (e.g. 0.2), or select=all')
+           'rows; set dataset.validation_fraction (e.g. 0.2) or '
+           'dataset.validation_folds, or select=all')
   _require(_is_int(config.mesh.members) and config.mesh.members > 0
            and members % config.mesh.members == 0,
            f'mesh.members={config.mesh.members!r} must divide '
@@ -386,7 +415,7 @@ def check_devices(config: Config, num_devices: int,
     sharding.check_model_within_process(model, devices_per_process)
   for key in ('batch_size', 'eval_batch_size'):
     value = getattr(config, key)
-    _require(value % data == 0,
+    _require(value % data == 0,  # a batch_size of 0 is sized to divide
              f"{key} {value} is not divisible by the {data} devices of mesh "
              f"axis 'data'; use a multiple of {data}")
   for i, width in enumerate(config.model.hidden_sizes):

@@ -11,7 +11,7 @@ from jax.experimental import multihost_utils
 from input_pipeline import csv_regression, table_files, tables
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
-from input_pipeline.order import Blocks, hold_out_blocks
+from input_pipeline.order import Blocks, fold_blocks, hold_out_blocks
 from input_pipeline.store import Store
 from input_pipeline.tables import Table
 from meshfit.config import DatasetConfig
@@ -41,18 +41,39 @@ class Splits:
       it, and a run resumes only on the same data.
     train_blocks: the blocks of `train` trained on (those not held out);
       None: all of it.
+    folds: cross-fitting (`dataset.validation_folds`): the training rows
+      dealt into folds; member m trains on every fold but fold m % F.
+      `validation` is then the whole training table and `validation_fold_N`
+      the fold of each of its rows.
+    validation_fold_N: with folds, each validation row's fold.
   """
   train: Table | Store
   eval: Table
   validation: Table | None = None
   train_key: str = ''
   train_blocks: Blocks | None = None
+  folds: tuple[Blocks, ...] = ()
+  validation_fold_N: np.ndarray | None = None
 
   @property
   def blocks(self) -> Blocks:
-    """The rows of `train` that training reads."""
+    """The rows of `train` that training reads (with folds: every row, of
+    which each member reads all but its own fold)."""
     return (self.train_blocks if self.train_blocks is not None
             else Blocks.of_table(self.train.num_examples))
+
+  def member_blocks(self, member: int) -> Blocks:
+    """The rows member `member` trains on."""
+    if not self.folds:
+      return self.blocks
+    held = member % len(self.folds)
+    return Blocks.union([b for f, b in enumerate(self.folds) if f != held])
+
+  @property
+  def member_rows(self) -> int:
+    """The rows each member trains on (with folds, the smallest share)."""
+    return min(self.member_blocks(f).num_rows
+               for f in range(max(len(self.folds), 1)))
 
 
 def _barrier(name: str) -> None:
@@ -121,10 +142,43 @@ def load_splits(dataset: DatasetConfig, seed: int) -> Splits:
     train = tables.read_split(directory, dataset.train_split)
     evaluation = tables.read_split(directory, dataset.eval_split)
     key = f'{dataset.name}:{dataset.train_split}'
+  if dataset.validation_folds:
+    return cross_fit(Splits(train, evaluation, None, key),
+                     dataset.validation_folds, seed,
+                     dataset.resident_table_mb)
   if not dataset.validation_fraction:
     return Splits(train, evaluation, None, key)
   blocks, validation = hold_out(train, dataset.validation_fraction, seed)
   return Splits(train, evaluation, validation, key, blocks)
+
+
+def cross_fit(splits: Splits, folds: int, seed: int,
+              resident_table_mb: int) -> Splits:
+  """`splits` with its training rows dealt into `folds` folds (drawn from
+  `seed`, the same every run), every row a validation row of its fold.
+
+  Raises:
+    DataError: the table is too large to hold in memory (every row is
+      validated) or has fewer blocks than folds.
+  """
+  train = splits.train
+  if not isinstance(train, Table):
+    raise DataError(
+        f'dataset.validation_folds={folds} validates on every training row, '
+        f'which needs the table in memory, but it is {train.nbytes / 2**20:.0f}'
+        f' MiB, over dataset.resident_table_mb={resident_table_mb}; validate '
+        'on a fraction of it instead (dataset.validation_folds=0, '
+        'dataset.validation_fraction=0.01) or raise the limit')
+  dealt = fold_blocks(train.num_examples, folds, seed, _VALIDATION_STREAM)
+  if dealt is None:
+    raise DataError(f'the training split has {train.num_examples} rows: too '
+                    f'few to deal into {folds} folds; give more rows or set '
+                    'dataset.validation_folds=0')
+  fold_N = np.empty(train.num_examples, np.int32)
+  for f, blocks in enumerate(dealt):
+    fold_N[blocks.rows()] = f
+  return dataclasses.replace(splits, validation=train, folds=tuple(dealt),
+                             validation_fold_N=fold_N)
 
 
 def hold_out(table: Table | Store, fraction: float, seed: int

@@ -8,9 +8,10 @@ predict use.
 """
 
 import jax
+import numpy as np
 from absl import logging
 
-from meshfit import (checkpointing, data, optim, runtime, selection,
+from meshfit import (checkpointing, data, metrics, optim, runtime, selection,
                      sharding, state as state_lib, steps, writers)
 from meshfit.config import Config
 from meshfit.validation import BestTracker
@@ -35,6 +36,9 @@ class Evaluations:
     self.best_state = None  # a device copy of the best step's state
     self.choice: selection.Choice | None = None  # the latest
     self._last: tuple[int, dict] | None = None
+    # Cross-fitted members are validated out of fold (on the host).
+    self._folds = max(len(splits.folds), 1)
+    self._out_of_fold: dict | None = None
 
   def _evaluate(self, state, table) -> dict:
     return runtime.evaluate_table(self._setup, state, table,
@@ -51,13 +55,30 @@ class Evaluations:
     stats = jax.device_get(state.stats)
     z = (validation.y_NxT - stats.y_mean_T) / stats.y_std_T
     previous, self.choice = self.choice, selection.choose(
-        self._config.sweep.select, mean, var, z, self._setup.distribution)
+        self._config.sweep.select, mean, var, z, self._setup.distribution,
+        self._splits.validation_fold_N, self._folds)
     if state.num_members > 1 and (
         previous is None or previous.chosen() != self.choice.chosen()):
       logging.info('Step %d: %s.', step,
                    self.choice.describe(self._hparams))
+    if self._folds > 1:
+      self._out_of_fold = self._out_of_fold_metrics(mean, stats)
     return state.replace(weights_M=jax.device_put(self.choice.weights_M,
                                                   self._weights))
+
+  def _out_of_fold_metrics(self, mean_MxNxT, stats) -> dict:
+    """The chosen ensemble's metrics on the validation rows, each row
+    predicted by the members that did not train on it."""
+    folds, validation = self._folds, self._splits.validation
+    bags_BxNxT = selection.out_of_fold(mean_MxNxT, self._splits.validation_fold_N,
+                                       folds)
+    weights_B = self.choice.weights_M[::folds] * folds
+    pred_NxT = (np.tensordot(weights_B.astype(np.float64), bags_BxNxT, axes=1)
+                * stats.y_std_T + stats.y_mean_T)
+    y_std_T = np.asarray(stats.y_std_T, np.float64)
+    total = metrics.RegressionSums.of_host(pred_NxT, validation.y_NxT,
+                                           stats.y_mean_T, y_std_T)
+    return runtime.summarize(total, y_std_T, validation.target_names, False)
 
   def at(self, step: int, state: state_lib.TrainState
          ) -> tuple[state_lib.TrainState, float | None]:
@@ -71,7 +92,8 @@ class Evaluations:
     scalars, improved = {}, False
     if self._splits.validation is not None:
       state = self._choose(step, state)
-      validation = self._evaluate(state, self._splits.validation)
+      validation = (self._out_of_fold if self._folds > 1 else
+                    self._evaluate(state, self._splits.validation))
       scalars.update({**_eval_scalars('val', validation),
                       'val/loss': self.choice.loss})
       if state.num_members > 1:

@@ -18,7 +18,7 @@ global array first, and that was most of a call's host cost.
 """
 
 import collections
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Protocol
 
 import jax
@@ -100,7 +100,8 @@ class TrainFeed:
   def __init__(self, table: Rows, *, batch_size: int, seed: int,
                mesh: Mesh, steps_per_call: int, resident: bool,
                blocks: Blocks | None = None, position: int = 0,
-               prefetch: int = 2, members: int = 1):
+               prefetch: int = 2, members: int = 1,
+               member_blocks: Sequence[Blocks] | None = None):
     """Args:
       table: the training table (a resident one must be a `Table`).
       batch_size: global batch size (of each member).
@@ -117,13 +118,17 @@ class TrainFeed:
         only indices, and handing them between threads costs more than
         making them, while the devices run the previous call anyway.
       members: M, the ensemble's members, each reading its own stream.
+      member_blocks: the rows each member trains on (M of them; cross-
+        fitted members leave out their folds); default `blocks` for all.
     """
     self._table = table
     blocks = blocks if blocks is not None else Blocks.of_table(
         table.num_examples)
     self._members, self._rows = process_block(
         sharding.member_batch_sharding(mesh), (members, batch_size))
-    self._orders = [ExampleOrder(blocks, batch_size, seed, m)
+    if member_blocks is None:
+      member_blocks = [blocks] * members
+    self._orders = [ExampleOrder(member_blocks[m], batch_size, seed, m)
                     for m in range(self._members.start, self._members.stop)]
     self._windows = [_Windows(order, table, self._rows)
                      for order in self._orders]

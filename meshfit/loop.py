@@ -22,8 +22,8 @@ from input_pipeline.tables import Table
 from meshfit import (call_plan, checkpoint_policy, checkpointing,
                      compilation_cache, config as config_lib, config_files,
                      data, evaluations as evaluations_lib, feeding, metrics,
-                     optim, plots, runtime, state as state_lib, steps,
-                     workdir_lock, writers)
+                     optim, plots, runtime, sharding, sizing,
+                     state as state_lib, steps, workdir_lock, writers)
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.features import FeatureStats, InputLayout
@@ -69,6 +69,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
   compilation_cache.configure(config.compilation_cache_dir)
   if splits is None:
     splits = data.load_splits(config.dataset, config.seed)
+  config = _size_to_table(config, splits)
   train = splits.train
   layout = InputLayout.of(train.plan.input_categories, train.missing_I,
                           config.dataset.numeric_scaling
@@ -91,6 +92,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
     preemption.close()
   _summarize(config, workdir, final, splits)
   return final
+
+
+def _size_to_table(config: Config, splits: data.Splits) -> Config:
+  """`config` with the keys it leaves at 0 sized to the training rows."""
+  data_devices, _ = sharding.mesh_shape(config.mesh.data, config.mesh.model,
+                                        jax.device_count(),
+                                        config.mesh.members)
+  config, line = sizing.resolve(config, splits.member_rows, data_devices)
+  if line:
+    logging.info('%s', line)
+  return config
 
 
 def _restore_or_init(config: Config, setup: runtime.Setup,
@@ -284,7 +296,9 @@ def _plan(config: Config, setup: runtime.Setup, splits: data.Splits,
       seed=config.seed, mesh=setup.mesh, steps_per_call=max_steps_per_call,
       resident=resident, position=position,
       prefetch=config.dataset.prefetch_batches,
-      members=config.model.ensemble_size)
+      members=config.model.ensemble_size,
+      member_blocks=[splits.member_blocks(m)
+                     for m in range(config.model.ensemble_size)])
   logging.info('Training steps %d..%d on a %s mesh, up to %d per call, '
                'batches %s.', initial_step + 1, last_step,
                dict(setup.mesh.shape), max_steps_per_call,

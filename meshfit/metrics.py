@@ -71,6 +71,20 @@ class RegressionSums(clu_metrics.Metric):
     return jax.tree.map(lambda a, b: a + b, self, other)
 
   @classmethod
+  def of_host(cls, pred_NxT: np.ndarray, y_NxT: np.ndarray,
+              y_mean_T: np.ndarray, y_std_T: np.ndarray) -> 'RegressionSums':
+    """The sums of predictions made on the host (float64), e.g. a cross-
+    fitted ensemble's out-of-fold ones; no densities or coverage."""
+    err_NxT = pred_NxT.astype(np.float64) - y_NxT
+    z_NxT = (y_NxT.astype(np.float64) - y_mean_T) / y_std_T
+    empty = cls.empty_host(y_NxT.shape[1])
+    return empty.replace(count=np.float64(len(y_NxT)),
+                         sse_T=(err_NxT**2).sum(axis=0),
+                         sae_T=np.abs(err_NxT).sum(axis=0),
+                         sum_z_T=z_NxT.sum(axis=0),
+                         sum_z2_T=(z_NxT**2).sum(axis=0))
+
+  @classmethod
   def empty_host(cls, num_targets: int) -> 'RegressionSums':
     zeros = np.zeros(num_targets, np.float64)
     return cls(np.float64(0), zeros, zeros, zeros, zeros, zeros,

@@ -31,13 +31,17 @@ class Hyperparameters:
 
   @classmethod
   def of(cls, config: Config) -> 'Hyperparameters':
-    """Member m takes combination m % G of the sweep's G (host arrays)."""
+    """Member m takes combination m % G of the sweep's G (host arrays);
+    with F validation folds, (m // F) % G: the F members of a combination
+    hold out each fold once."""
     sweep, members = config.sweep, config.model.ensemble_size
+    folds = max(config.dataset.validation_folds, 1)
     grids = [sweep.learning_rates or (config.optimizer.learning_rate,),
              sweep.weight_decays or (config.optimizer.weight_decay,),
              sweep.dropout_rates or (config.model.dropout_rate,)]
     combos = np.array(np.meshgrid(*grids, indexing='ij')).reshape(3, -1).T
-    chosen = combos[np.arange(members) % len(combos)].astype(np.float32)
+    chosen = combos[np.arange(members) // folds % len(combos)].astype(
+        np.float32)
     return cls(*chosen.T)
 
   @classmethod

@@ -3,7 +3,7 @@ checkpoint's model reads, restore, and predictions or metrics over a table."""
 
 import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -214,15 +214,21 @@ def evaluate_table(setup: Setup, state: state_lib.TrainState, table: Table,
       batch_sharding=sharding.batch_sharding(setup.mesh)))
   total = metrics.host_sum(batch_sums, table.y_NxT.shape[1])
   y_std_T = np.asarray(jax.device_get(state.stats.y_std_T))
-  result = total.compute(y_std_T, setup.distribution)
+  return summarize(total, y_std_T, table.target_names, setup.distribution)
+
+
+def summarize(total: metrics.RegressionSums, y_std_T: np.ndarray,
+              target_names: Sequence[str], distribution: bool) -> dict:
+  """`evaluate_table`'s result from the sums over a split's examples."""
+  result = total.compute(y_std_T, distribution)
   result['num_examples'] = int(total.count)
-  per_target = total.compute_per_target(y_std_T, setup.distribution)
+  per_target = total.compute_per_target(y_std_T, distribution)
   result['targets'] = {name: {k: float(v[t]) for k, v in per_target.items()}
-                       for t, name in enumerate(table.target_names)}
-  if setup.distribution:
+                       for t, name in enumerate(target_names)}
+  if distribution:
     coverage_LxT = total.coverage_LxT()
     result['coverage'] = _by_level(coverage_LxT.mean(axis=1))
-    for t, name in enumerate(table.target_names):
+    for t, name in enumerate(target_names):
       result['targets'][name]['coverage'] = _by_level(coverage_LxT[:, t])
   return result
 

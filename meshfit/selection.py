@@ -14,6 +14,11 @@ The loss is the training loss's, in standardised units averaged over the
 targets: the mean squared error of the ensemble's mean, or, for a model that
 predicts a distribution, the mixture's negative log-likelihood. Computed on
 the host in float64 from every member's predictions.
+
+Cross-fitted members (`dataset.validation_folds` = F: member m held out
+fold m % F) are chosen a *bag* at a time: bag b is members bF .. bF+F-1, one
+per fold, and each validation row is scored by the member of the bag that
+held it out (out of fold). A bag's weight is shared by its F members.
 """
 
 import dataclasses
@@ -38,14 +43,17 @@ class Choice:
     select: 'all', 'best' or 'greedy'.
     weights_M: each member's weight (they sum to 1).
     loss: the validation loss of the chosen ensemble.
-    member_losses_M: each member's own validation loss (inf: diverged).
+    member_losses_M: each member's own validation loss (inf: diverged);
+      with folds, its bag's out-of-fold loss.
     all_loss: the loss of every finite member alike.
+    folds: the members of a bag (1: members are chosen one by one).
   """
   select: str
   weights_M: np.ndarray
   loss: float
   member_losses_M: np.ndarray
   all_loss: float
+  folds: int = 1
 
   @property
   def best_member(self) -> int:
@@ -59,15 +67,20 @@ class Choice:
   def describe(self, hyperparameters=None) -> str:
     """One line: what was chosen, how it compares, and the chosen members'
     hyperparameters (those that differ between members)."""
-    members = len(self.weights_M)
+    members, f = len(self.weights_M), self.folds
     chosen = self.chosen()
+    if f > 1:  # a bag's members share its weight: name the bag's first
+      chosen = {m: w * f for m, w in chosen.items() if m % f == 0}
+    unit = (lambda m: f'{m}-{m + f - 1}') if f > 1 else str
     what = {'all': f'all {members} members alike',
-            'best': f'member {self.best_member} of {members}',
+            'best': f'member{"s" if f > 1 else ""} {unit(self.best_member)}'
+                    f' of {members}',
             'greedy': 'members ' + ', '.join(
-                f'{m} ({w:.0%})' for m, w in chosen.items())
+                f'{unit(m)} ({w:.0%})' for m, w in chosen.items())
                       + f' of {members}'}[self.select]
     line = (f'{self.select} selection: {what}, validation loss '
-            f'{self.loss:.6g} (best member {self.best_member}: '
+            f'{self.loss:.6g} (best {"bag" if f > 1 else "member"} '
+            f'{unit(self.best_member)}: '
             f'{self.member_losses_M[self.best_member]:.6g}; all alike: '
             f'{self.all_loss:.6g})')
     varying = [] if hyperparameters is None else hyperparameters.varying()
@@ -136,8 +149,19 @@ class _Scorer:
     return float(self.of_sum(np.tensordot(w, stats, axes=1), 1.0))
 
 
+def out_of_fold(a_MxNxT: np.ndarray, fold_N: np.ndarray,
+                folds: int) -> np.ndarray:
+  """Each bag's outputs, every row from the member that held it out:
+  a_BxNxT[b, i] = a_MxNxT[b * folds + fold_N[i], i]."""
+  members, n = a_MxNxT.shape[:2]
+  bags = members // folds
+  member_BxN = np.arange(bags)[:, None] * folds + fold_N[None]
+  return a_MxNxT[member_BxN, np.arange(n)[None]]
+
+
 def choose(select: str, mean_MxNxT: np.ndarray, var_MxNxT: np.ndarray,
-           z_NxT: np.ndarray, distribution: bool) -> Choice:
+           z_NxT: np.ndarray, distribution: bool,
+           fold_N: np.ndarray | None = None, folds: int = 1) -> Choice:
   """The weights of the members by `select`, from their validation outputs.
 
   Args:
@@ -146,7 +170,16 @@ def choose(select: str, mean_MxNxT: np.ndarray, var_MxNxT: np.ndarray,
     var_MxNxT: their variances (0 without a distribution).
     z_NxT: the standardised validation targets.
     distribution: score the mixture's NLL, not the mean's squared error.
+    fold_N: with folds, the fold of each validation row.
+    folds: F > 1: members are cross-fitted (m held out fold m % F) and
+      chosen in bags of F, out of fold.
   """
+  if folds > 1:
+    bags = choose(select, out_of_fold(mean_MxNxT, fold_N, folds),
+                  out_of_fold(var_MxNxT, fold_N, folds), z_NxT, distribution)
+    return dataclasses.replace(
+        bags, weights_M=np.repeat(bags.weights_M / folds, folds),
+        member_losses_M=np.repeat(bags.member_losses_M, folds), folds=folds)
   scorer = _Scorer(mean_MxNxT, var_MxNxT, z_NxT, distribution)
   members = len(scorer.finite_M)
   stats = scorer.member_stats()

@@ -172,3 +172,73 @@ def test_a_diverging_member_is_left_out_and_the_others_train_on(
   assert 'learning_rate=1e+09' in warnings[0]
   assert np.isfinite(final['rmse']) and final['r2'] > 0.5
   assert list(final['members']) == ['0']
+
+
+def _cross_fit_config(data_dir):
+  """Four members in two bags of two folds, two learning rates, the best
+  bag chosen out of fold."""
+  config = _ensemble_config(data_dir)
+  config.dataset.validation_fraction = 0.0
+  config.dataset.validation_folds = 2
+  config.model.likelihood = 'squared_error'
+  config.sweep.select = 'best'
+  config.num_train_steps = 40
+  return config
+
+
+@pytest.fixture(scope='module')
+def cross_fitted(tmp_path_factory, data_dir):
+  config = _cross_fit_config(data_dir)
+  workdir = str(tmp_path_factory.mktemp('cross_fitted'))
+  final = loop.train_and_evaluate(config, workdir)
+  return config, workdir, final
+
+
+def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
+  from meshfit import checkpointing, config as config_lib, data, runtime  # noqa: PLC0415
+  from meshfit.features import InputLayout  # noqa: PLC0415
+  config, workdir, final = cross_fitted
+  # A bag is both folds of one learning rate: members 0-1 and 2-3.
+  members = final['members']
+  assert set(members) in ({'0', '1'}, {'2', '3'})
+  assert {m['weight'] for m in members.values()} == {0.5}
+  assert len({m['learning_rate'] for m in members.values()}) == 1
+  # The logged validation loss of step 40 is the chosen bag's, every row
+  # predicted by the member that did not train on it.
+  parsed = config_lib.parse(config)
+  splits = data.load_splits(parsed.dataset, parsed.seed)
+  train = splits.train
+  setup = runtime.make_setup(parsed, InputLayout.of(
+      train.plan.input_categories, train.missing_I,
+      parsed.dataset.numeric_scaling), train.num_targets)
+  ckpt = checkpointing.Checkpointer(workdir)
+  try:
+    state = runtime.restore(ckpt, setup, 40)
+  finally:
+    ckpt.close()
+  mean, _ = runtime.member_outputs(setup, state, train.x_NxF, 512)
+  stats = state.stats
+  z = (train.y_NxT - np.asarray(stats.y_mean_T)) / np.asarray(stats.y_std_T)
+  fold = splits.validation_fold_N
+  bag = int(min(members)) // 2
+  own = np.stack([mean[2 * bag + f] for f in range(2)])
+  out_of_fold = np.where((fold == 0)[:, None], own[0], own[1])
+  in_fold = np.where((fold == 1)[:, None], own[0], own[1])
+  logged = _records(workdir, 'val/loss')[40]
+  assert logged == pytest.approx(np.mean((out_of_fold - z)**2), rel=1e-4)
+  assert np.mean((in_fold - z)**2) < logged  # what a leak would report
+  rmse = _records(workdir, 'val/rmse')[40]
+  assert rmse == pytest.approx(np.sqrt(logged) * float(stats.y_std_T[0]),
+                               rel=1e-4)
+
+
+def test_resume_with_folds_is_bit_exact(cross_fitted, tmp_path):
+  config, whole, final = cross_fitted
+  parts = str(tmp_path / 'parts')
+  first = config.copy_and_resolve_references()
+  first.num_train_steps = 20
+  loop.train_and_evaluate(first, parts)
+  resumed = loop.train_and_evaluate(config, parts)
+  for key in ('train/loss', 'val/loss', 'eval/rmse'):
+    assert _records(parts, key) == _records(whole, key), key
+  assert resumed['members'] == final['members']

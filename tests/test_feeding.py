@@ -170,6 +170,31 @@ def test_each_member_reads_its_own_stream(table):
       np.concatenate([b['y'][:, 0] for b in five]).astype(int), ys[3])
 
 
+@pytest.mark.parametrize('resident', [False, True])
+def test_cross_fitted_members_read_only_their_own_rows(table, resident):
+  """Member m reads every fold but fold m % 2, each row once an epoch."""
+  folds = order.fold_blocks(N, 2, seed=1, stream=5)
+  own = [order.Blocks.union([folds[1]]), order.Blocks.union([folds[0]])]
+  feed = _feed(table, sharding.make_mesh(8, 1), members=4, resident=resident,
+               member_blocks=[own[m % 2] for m in range(4)])
+  try:
+    chunks = _chunks(feed)
+    rows = [[] for _ in range(4)]
+    for _ in range(2 * N // 16):  # about four epochs of 50 rows
+      _, chunk = next(chunks)
+      for m in range(4):
+        if resident:
+          rows[m].extend(np.asarray(chunk['idx'])[0, m].tolist())
+        else:
+          rows[m].extend(np.asarray(chunk['y'])[0, m, :, 0].astype(int))
+  finally:
+    feed.close()
+  for m in range(4):
+    allowed = set(own[m % 2].rows().tolist())
+    assert set(rows[m]) == allowed, m  # all of them, nothing else
+  assert rows[0] != rows[2]  # the two bags' orders differ
+
+
 @pytest.mark.parametrize('members_axis, data', [(4, 2), (2, 2)])
 def test_member_batches_are_the_same_over_the_members_axis(table,
                                                            members_axis,

@@ -113,6 +113,28 @@ def test_held_out_blocks_are_seeded_and_disjoint_from_the_rest():
   assert order.hold_out_blocks(3, 0.1, seed=0, stream=9) is None
 
 
+def test_folds_deal_every_block_once_in_near_equal_shares():
+  folds = order.fold_blocks(100_000, 5, seed=3, stream=9)
+  all_blocks = order.Blocks.of_table(100_000)
+  sizes = [len(f) for f in folds]
+  assert sum(sizes) == len(all_blocks) and max(sizes) - min(sizes) <= 1
+  rows = np.concatenate([f.rows() for f in folds])
+  assert sorted(rows) == list(range(100_000))
+  for f in folds:
+    assert (np.diff(f.start) > 0).all()  # table order
+  again = order.fold_blocks(100_000, 5, seed=3, stream=9)
+  np.testing.assert_array_equal(again[2].start, folds[2].start)
+  other = order.fold_blocks(100_000, 5, seed=4, stream=9)
+  assert not np.array_equal(other[2].start, folds[2].start)
+  assert order.fold_blocks(4, 5, seed=0, stream=9) is None
+  # A member's rows: every fold but its own, in table order, which an
+  # ExampleOrder takes (the table's short last block, if any, stays last).
+  rest = order.Blocks.union([folds[0], folds[2], folds[3], folds[4]])
+  assert (np.diff(rest.start) > 0).all()
+  assert rest.num_rows == 100_000 - folds[1].num_rows
+  assert order.ExampleOrder(rest, 256, seed=0).num_examples == rest.num_rows
+
+
 def test_prefetcher_answers_requests_in_order_and_hands_over_errors():
   def produce(n):
     if n < 0:

@@ -86,3 +86,30 @@ def test_the_choice_says_what_was_chosen_and_why():
   record = selection.choose('greedy', mean, var, z, False).to_json()
   assert record['select'] == 'greedy' and record['best_member'] == 1
   assert sum(record['members'].values()) == pytest.approx(1.0)
+
+
+def test_cross_fitted_members_are_scored_out_of_fold_and_chosen_in_bags():
+  # Two bags of three folds: members 0-2 and 3-5. Each member predicts its
+  # own fold's rows well only if its bag is good, and every other row
+  # (the ones it trained on) perfectly, which must not count.
+  rng = np.random.default_rng(0)
+  z = rng.normal(size=(N, T)).astype(np.float32)
+  fold_N = rng.integers(0, 3, N)
+  mean = np.repeat(z[None], 6, axis=0)
+  for m, scale in enumerate([0.1, 0.1, 0.1, 0.5, 0.5, 0.5]):
+    own = fold_N == m % 3
+    mean[m, own] += scale * rng.normal(size=(own.sum(), T))
+  var = np.zeros_like(mean)
+  choice = selection.choose('best', mean, var, z, False, fold_N, folds=3)
+  assert choice.chosen() == pytest.approx({0: 1 / 3, 1: 1 / 3, 2: 1 / 3})
+  out_of_fold = selection.out_of_fold(mean, fold_N, 3)
+  assert out_of_fold.shape == (2, N, T)
+  np.testing.assert_array_equal(out_of_fold[1, fold_N == 2], mean[5, fold_N == 2])
+  assert choice.loss == pytest.approx(np.mean((out_of_fold[0] - z)**2), rel=1e-5)
+  assert choice.loss > 0.005  # in-fold, every member would score 0
+  np.testing.assert_allclose(choice.member_losses_M[3:],
+                             np.mean((out_of_fold[1] - z)**2), rtol=1e-5)
+  line = choice.describe()
+  assert 'members 0-2 of 6' in line and 'best bag 0-2' in line, line
+  every = selection.choose('all', mean, var, z, False, fold_N, folds=3)
+  np.testing.assert_allclose(every.weights_M, [1 / 6] * 6, rtol=1e-6)

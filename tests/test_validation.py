@@ -57,3 +57,37 @@ def test_held_out_rows_are_seeded_and_disjoint():
   assert not np.array_equal(other.rows(), rest.rows())
   with pytest.raises(DataError, match='too few to hold out'):
     data.hold_out(table.rows(np.arange(2)), 0.2, seed=0)
+
+
+def test_cross_fitted_members_each_leave_out_their_own_fold():
+  n = 50
+  table = tables.Table(np.arange(n, dtype=np.float32)[:, None],
+                       np.zeros((n, 1), np.float32),
+                       tables.generated_plan(1, 1))
+  splits = data.cross_fit(data.Splits(table, table), 5, seed=3,
+                          resident_table_mb=1)
+  # Every row validates, in its fold; member m trains on the rest.
+  assert splits.validation is table
+  assert np.bincount(splits.validation_fold_N).tolist() == [10] * 5
+  for member in range(10):
+    trained = splits.member_blocks(member).rows()
+    held = np.flatnonzero(splits.validation_fold_N == member % 5)
+    assert sorted(np.concatenate([trained, held])) == list(range(n))
+  assert splits.member_rows == 40
+  again = data.cross_fit(data.Splits(table, table), 5, seed=3,
+                         resident_table_mb=1)
+  np.testing.assert_array_equal(again.validation_fold_N,
+                                splits.validation_fold_N)
+  with pytest.raises(DataError, match='too few to deal into 5 folds'):
+    data.cross_fit(data.Splits(table.rows(np.arange(3)), table), 5, seed=0,
+                   resident_table_mb=1)
+
+
+def test_folds_need_the_table_in_memory(tmp_path):
+  class OnDisk:  # a Store stands for a table too large to read whole
+    nbytes = 3 * 2**30
+    num_examples = 10**8
+  with pytest.raises(DataError, match='needs the table in memory.*'
+                     'validation_fraction=0.01'):
+    data.cross_fit(data.Splits(OnDisk(), None), 5, seed=0,
+                   resident_table_mb=1024)

@@ -1,0 +1,76 @@
+"""Batch size, length and evaluation period sized to the training table.
+
+A config may leave `batch_size`, `num_train_steps`, `eval_every_steps` and
+`log_every_steps` at 0: they are then decided here from the number of rows
+trained on, once that is known (after preparing the data, before anything
+is built), and the run goes on with the resolved values (config.json and
+every checkpoint hold them). The same table always gives the same values, so
+a resumed run resolves what it resolved before.
+
+The rules (docs/tables.md has the measurements that chose them):
+
+- batch: the power of two nearest 2 * sqrt(rows), within
+  [MIN_BATCH, MAX_BATCH]: a few hundred rows take small batches, so that an
+  epoch is several steps and the best step can be picked within a few
+  epochs; a large table takes large ones, so that its epochs are not tens of
+  thousands of steps. Rounded up to a multiple of the mesh's data devices.
+- steps: `train_epochs` epochs, at most MAX_STEPS (a million rows then
+  trains ~25 epochs).
+- evaluations (and logs): about once an epoch, and at least
+  MIN_EVALUATIONS in the run, so the best step is looked for at the
+  granularity where a small table's overfitting happens.
+"""
+
+import dataclasses
+import math
+
+from meshfit.config import Config
+
+MIN_BATCH, MAX_BATCH = 32, 1024
+MAX_STEPS = 20_000
+MIN_EVALUATIONS = 25
+
+
+def batch_for(num_rows: int, data_devices: int = 1) -> int:
+  """The sized batch of a table of `num_rows` training rows."""
+  target = 2.0 * math.sqrt(max(num_rows, 1))
+  batch = 2**round(math.log2(target))
+  batch = min(max(batch, MIN_BATCH), MAX_BATCH)
+  return -(-batch // data_devices) * data_devices
+
+
+def resolve(config: Config, num_rows: int, data_devices: int = 1
+            ) -> tuple[Config, str | None]:
+  """`config` with its sized keys (those at 0) decided for `num_rows`.
+
+  Args:
+    config: a parsed config.
+    num_rows: the rows a member trains on (the validation rows left out).
+    data_devices: devices of the mesh's 'data' axis (the batch must divide
+      over them).
+
+  Returns:
+    The resolved config, and a line saying what was sized (None if
+    nothing was).
+  """
+  sized = {}
+  batch = config.batch_size or batch_for(num_rows, data_devices)
+  if not config.batch_size:
+    sized['batch_size'] = batch
+  steps_per_epoch = max(1, -(-num_rows // batch))
+  steps = config.num_train_steps
+  if not steps:
+    steps = min(MAX_STEPS,
+                max(1, round(config.train_epochs * steps_per_epoch)))
+    sized['num_train_steps'] = steps
+  period = max(1, min(steps_per_epoch, steps // MIN_EVALUATIONS))
+  for key in ('eval_every_steps', 'log_every_steps'):
+    if not getattr(config, key):
+      sized[key] = period
+  if not sized:
+    return config, None
+  described = ', '.join(f'{k}={v}' for k, v in sized.items())
+  line = (f'Sized to the {num_rows} training rows: {described} '
+          f'({steps / steps_per_epoch:.3g} epochs of {steps_per_epoch} '
+          'steps).')
+  return dataclasses.replace(config, **sized), line
