@@ -203,9 +203,11 @@ def config_for(data: UciData, i: int, search: Search, scratch: str,
   # The protocol's inputs: numbers standardised, fed as they are.
   config.dataset.numeric_scaling = 'standardize'
   config.dataset.validation_fraction = search.holdout
+  config.dataset.validation_folds = 0
   config.model.hidden_sizes = (data.n_hidden,)
   config.model.activation = 'relu'
   config.model.numeric_embedding = 'none'
+  config.model.raw_numbers = False
   config.model.dropout_rate = 0.0
   config.model.dtype = config.model.param_dtype = 'float32'
   config.model.likelihood = 'gaussian'

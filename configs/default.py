@@ -80,6 +80,11 @@ def get_config() -> ml_collections.ConfigDict:
   # ple (piecewise-linear encoding over ple_bins bins, then a learned
   # per-number layer of numeric_embedding_dim; Gorishniy et al. 2022).
   config.model.numeric_embedding = 'none'
+  # Also give the first layer each number as it is: standardised (training
+  # mean and std) and clipped to +-5, beside its scaled value or embedding.
+  # A linear path: quantiles and piecewise-linear bins bend a number, and a
+  # relation that is mostly linear then needs many rows to be learnt back.
+  config.model.raw_numbers = False
   config.model.ple_bins = 16
   config.model.numeric_embedding_dim = 16
   # Width of the categories' learned embeddings.

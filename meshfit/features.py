@@ -27,6 +27,10 @@ NUM_QUANTILES = 128
 # A quantile-scaled number's rank is clipped away from 0 and 1 by this,
 # bounding it to about +-5.2 standard deviations (as scikit-learn does).
 RANK_EPSILON = 1e-7
+# A raw number (`InputLayout.raw_numbers`) is standardised and clipped to
+# this many standard deviations, so that one outlier cannot dominate a
+# batch's first layer.
+RAW_CLIP = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,12 +44,15 @@ class InputLayout:
     category_columns: the matrix columns that hold category codes.
     category_sizes: the number of codes of each category column.
     scaling: 'none', 'standardize' or 'quantile'.
+    raw_numbers: also give the network each number standardised (mean and
+      std) and clipped to +-RAW_CLIP, beside its scaled value or embedding.
   """
   number_columns: tuple[int, ...]
   missing_numbers: tuple[int, ...] = ()
   category_columns: tuple[int, ...] = ()
   category_sizes: tuple[int, ...] = ()
   scaling: str = 'standardize'
+  raw_numbers: bool = False
 
   @classmethod
   def numbers(cls, num_features: int,
@@ -55,7 +62,7 @@ class InputLayout:
 
   @classmethod
   def of(cls, input_categories: Sequence[int], missing_I: Sequence[bool],
-         scaling: str) -> 'InputLayout':
+         scaling: str, raw_numbers: bool = False) -> 'InputLayout':
     """The layout of a training table.
 
     Args:
@@ -64,19 +71,21 @@ class InputLayout:
       missing_I: per input column, whether the training table lacks it in
         some row (`Table.missing_I`).
       scaling: 'none', 'standardize' or 'quantile'.
+      raw_numbers: see the attribute.
     """
     numbers = tuple(i for i, n in enumerate(input_categories) if not n)
     categories = tuple(i for i, n in enumerate(input_categories) if n)
     missing = np.asarray(missing_I, bool)[list(numbers)]
     return cls(numbers, tuple(int(i) for i in np.flatnonzero(missing)),
                categories, tuple(input_categories[i] for i in categories),
-               scaling)
+               scaling, raw_numbers)
 
   @property
   def shape(self) -> InputShape:
     """What the network reads (models/mlp.py)."""
     return InputShape(len(self.number_columns), len(self.missing_numbers),
-                      self.category_sizes)
+                      self.category_sizes,
+                      len(self.number_columns) if self.raw_numbers else 0)
 
 
 @struct.dataclass
@@ -171,16 +180,22 @@ def model_inputs(stats: FeatureStats, layout: InputLayout,
 
   Returns:
     {'numbers': scaled numbers B x N, 'missing': 0/1 flags B x M, 'codes':
-    int32 category codes B x C}.
+    int32 category codes B x C, 'raw': the numbers standardised and clipped
+    B x N (B x 0 unless layout.raw_numbers)}.
   """
   numbers = x_BxF[:, list(layout.number_columns)]
   absent = jnp.isnan(numbers)
   numbers = jnp.where(absent, stats.fill_N[None], numbers)
+  raw = numbers[:, :0]
+  if layout.raw_numbers:
+    raw = (numbers if layout.scaling == 'none' else jnp.clip(
+        (numbers - stats.mean_N[None]) / stats.std_N[None], -RAW_CLIP,
+        RAW_CLIP))
   if layout.scaling == 'quantile':
     numbers = _quantile_normal(numbers, stats.quantiles_NxQ)
   elif layout.scaling == 'standardize':
     numbers = (numbers - stats.mean_N[None]) / stats.std_N[None]
-  return {'numbers': numbers,
+  return {'numbers': numbers, 'raw': raw,
           'missing': absent[:, list(layout.missing_numbers)].astype(
               jnp.float32),
           'codes': x_BxF[:, list(layout.category_columns)].astype(jnp.int32)}

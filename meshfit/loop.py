@@ -73,7 +73,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
   train = splits.train
   layout = InputLayout.of(train.plan.input_categories, train.missing_I,
                           config.dataset.numeric_scaling
-                          if config.dataset.standardize else 'none')
+                          if config.dataset.standardize else 'none',
+                          config.model.raw_numbers)
   setup = runtime.make_setup(config, layout, train.num_targets)
   preemption = PreemptionWatch()
   try:

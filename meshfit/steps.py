@@ -39,7 +39,8 @@ def member_outputs(graphdef: nnx.GraphDef, layout: InputLayout,
   def member(params):
     model = nnx.merge(graphdef, params)
     return uncertainty.split_outputs(
-        model(inputs['numbers'], inputs['missing'], inputs['codes']),
+        model(inputs['numbers'], inputs['missing'], inputs['codes'],
+              inputs['raw']),
         model.likelihood)
   return jax.vmap(member)(state.params)
 
@@ -158,7 +159,7 @@ def train_step(state: TrainState, batch_z: Batch, *,
     def loss_fn(params):
       model = nnx.merge(graphdef, params)
       out = model(batch['numbers'], batch['missing'], batch['codes'],
-                  dropout_key=key, dropout_rate=hparams.dropout_rate_M)
+                  batch['raw'], dropout_key=key, dropout_rate=hparams.dropout_rate_M)
       return uncertainty.member_loss(out, batch['y'], model.likelihood,
                                      model.nll_beta)
 

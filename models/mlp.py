@@ -59,6 +59,9 @@ class MlpConfig:
     numeric_embedding: 'none' (each number as it is) or 'ple' (its
       piecewise-linear encoding over `ple_bins` bins and a learned
       per-number layer of `numeric_embedding_dim`).
+    raw_numbers: give the first layer each number as it is too
+      (standardised and clipped, beside its scaling or embedding; the input
+      layout carries it).
     ple_bins: bins of the piecewise-linear encoding.
     numeric_embedding_dim: width of each number's embedding ('ple').
     category_embedding_dim: width of each category value's embedding.
@@ -74,6 +77,7 @@ class MlpConfig:
   dtype: str = 'float32'
   param_dtype: str = 'float32'
   numeric_embedding: str = 'none'
+  raw_numbers: bool = False
   ple_bins: int = 16
   numeric_embedding_dim: int = 16
   category_embedding_dim: int = 8
@@ -94,17 +98,20 @@ class InputShape:
     num_numbers: scaled numbers (N).
     num_missing: 0/1 missing indicators (M).
     category_sizes: the number of codes of each category column (C of them).
+    num_raw: numbers also given as they are (standardised), beside their
+      embedding: a linear path to the first layer (R).
   """
   num_numbers: int
   num_missing: int = 0
   category_sizes: tuple[int, ...] = ()
+  num_raw: int = 0
 
   def width(self, config: MlpConfig) -> int:
     """The width of the first hidden layer's input."""
     numbers = self.num_numbers
     if config.numeric_embedding == 'ple':
       numbers *= config.numeric_embedding_dim
-    return (numbers + self.num_missing
+    return (numbers + self.num_raw + self.num_missing
             + len(self.category_sizes) * config.category_embedding_dim)
 
 
@@ -280,6 +287,7 @@ class Mlp(nnx.Module):
   def __call__(self, numbers_BxN: jax.Array,
                missing_BxM: jax.Array | None = None,
                codes_BxC: jax.Array | None = None,
+               raw_BxR: jax.Array | None = None,
                dropout_key: jax.Array | None = None,
                dropout_rate: jax.Array | float | None = None) -> jax.Array:
     """Predicts targets.
@@ -289,6 +297,7 @@ class Mlp(nnx.Module):
       missing_BxM: 0/1 flags of the numbers that were missing (those that
         had missing values in training), or None.
       codes_BxC: int32 category codes, or None.
+      raw_BxR: numbers as they are (standardised), or None.
       dropout_key: a PRNG key; dropout is applied only when one is given
         (i.e. in training) and the rate is positive.
       dropout_rate: the rate (a member's own, maybe traced); default the
@@ -303,6 +312,8 @@ class Mlp(nnx.Module):
       dropout_rate = self.dropout_rate
     parts = [numbers_BxN if self.numbers is None
              else self.numbers(numbers_BxN)]
+    if raw_BxR is not None and raw_BxR.shape[1]:
+      parts.append(raw_BxR)
     if missing_BxM is not None and missing_BxM.shape[1]:
       parts.append(missing_BxM)
     if self.categories is not None:

@@ -38,6 +38,7 @@ def _dataset(tmp_path, train: str, eval_: str, targets=('y',), features=()
   dataset.target_columns = targets
   dataset.feature_columns = features
   dataset.validation_fraction = 0.0  # every row of the file in `train`
+  dataset.validation_folds = 0
   return dataset
 
 

@@ -1,5 +1,6 @@
 """The MLP regressor: shapes, mixed precision, and its dtype settings."""
 
+import dataclasses
 import functools
 import re
 
@@ -298,3 +299,33 @@ def test_bf16_training_on_a_sharded_mesh_matches_one_device():
   _, f32_hlo = _train_on_mesh(mesh, 'float32', 0)
   assert _collectives(hlo) == _collectives(f32_hlo)
   assert _collectives(hlo)  # the mesh does split the model
+
+
+def test_raw_numbers_are_standardised_clipped_and_read_by_the_first_layer():
+  from meshfit import features  # noqa: PLC0415
+  x_NxF = np.array([[0.0, 1.0], [1.0, 2.0], [2.0, 30.0], [np.nan, 3.0],
+                    [3.0, 4.0]], np.float32)
+  layout = InputLayout.of((0, 0), (True, False), 'quantile', raw_numbers=True)
+  stats = FeatureStats.fit(layout, x_NxF, np.zeros((5, 1), np.float32))
+  inputs = features.model_inputs(stats, layout, jnp.asarray(x_NxF))
+  raw = np.asarray(inputs['raw'])
+  filled = np.where(np.isnan(x_NxF), np.asarray(stats.fill_N), x_NxF)
+  want = (filled - np.asarray(stats.mean_N)) / np.asarray(stats.std_N)
+  np.testing.assert_allclose(raw, np.clip(want, -5, 5), rtol=1e-6)
+  # The quantile-scaled numbers are another thing: ranks, not distances.
+  assert not np.allclose(np.asarray(inputs['numbers']), raw)
+  plain = InputLayout.of((0, 0), (True, False), 'quantile')
+  assert features.model_inputs(stats, plain, jnp.asarray(x_NxF))[
+      'raw'].shape == (5, 0)
+  config = mlp.MlpConfig(hidden_sizes=(8,), numeric_embedding='ple')
+  assert layout.shape.width(config) == plain.shape.width(config) + 2
+  model = state_lib.Architecture(config, layout, num_targets=1).build(0)
+  out = model(inputs['numbers'], inputs['missing'], inputs['codes'],
+              inputs['raw'])
+  moved = model(inputs['numbers'], inputs['missing'], inputs['codes'],
+                inputs['raw'] + 1.0)
+  assert out.shape == (5, 1) and not np.allclose(out, moved)
+  # A checkpoint's layout from before the key existed reads as without.
+  old = {k: v for k, v in dataclasses.asdict(plain).items()
+         if k != 'raw_numbers'}
+  assert InputLayout(**old) == plain

@@ -50,7 +50,7 @@ def _load_twice(dataset, train_rows: int) -> list[str]:
       'from meshfit import config, data\n'
       'splits = data.load_splits(config.parse_dataset('
       f'{dataset.to_dict()!r}), 0)\n'
-      f'assert splits.blocks.num_rows == {train_rows}')
+      f'assert splits.member_rows == {train_rows}')
 
 
 def test_prepared_generated_dataset_loads_with_none(data_dir):
@@ -67,5 +67,5 @@ def test_prepared_csv_dataset_loads_with_none(tmp_path):
   dataset.train_path = str(tmp_path / 'train.csv')
   dataset.eval_path = str(tmp_path / 'eval.csv')
   dataset.target_columns = ('y',)
-  # configs/csv.py holds a fifth of the 40 rows out for validation.
+  # configs/csv.py's members each hold a fold, a fifth of the 40 rows, out.
   assert _load_twice(dataset, train_rows=32) == []
