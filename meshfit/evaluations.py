@@ -70,10 +70,12 @@ class Evaluations:
     """The chosen ensemble's metrics on the validation rows, each row
     predicted by the members that did not train on it."""
     folds, validation = self._folds, self._splits.validation
-    bags_BxNxT = selection.out_of_fold(mean_MxNxT, self._splits.validation_fold_N,
-                                       folds)
+    bags_BxNxT = selection.out_of_fold(
+        mean_MxNxT, self._splits.validation_fold_N, folds)
     weights_B = self.choice.weights_M[::folds] * folds
-    pred_NxT = (np.tensordot(weights_B.astype(np.float64), bags_BxNxT, axes=1)
+    used = weights_B > 0  # a diverged bag's NaN must not reach the sum
+    pred_NxT = (np.tensordot(weights_B[used].astype(np.float64),
+                             bags_BxNxT[used], axes=1)
                 * stats.y_std_T + stats.y_mean_T)
     y_std_T = np.asarray(stats.y_std_T, np.float64)
     total = metrics.RegressionSums.of_host(pred_NxT, validation.y_NxT,

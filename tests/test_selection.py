@@ -113,3 +113,13 @@ def test_cross_fitted_members_are_scored_out_of_fold_and_chosen_in_bags():
   assert 'members 0-2 of 6' in line and 'best bag 0-2' in line, line
   every = selection.choose('all', mean, var, z, False, fold_N, folds=3)
   np.testing.assert_allclose(every.weights_M, [1 / 6] * 6, rtol=1e-6)
+
+
+def test_a_bag_with_a_diverged_member_is_left_out_whole():
+  mean, var, z = _members([0.1, 0.1, 0.2, 0.2])
+  mean[3] = np.nan  # member 3 (bag 1's second fold) diverged
+  fold_N = np.arange(N) % 2
+  choice = selection.choose('all', mean, var, z, False, fold_N, folds=2)
+  np.testing.assert_allclose(choice.weights_M, [0.5, 0.5, 0, 0])
+  assert math.isfinite(choice.loss)
+  assert math.isinf(choice.member_losses_M[2])
