@@ -89,6 +89,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.numeric_embedding_dim = 16
   # Width of the categories' learned embeddings.
   config.model.category_embedding_dim = 8
+  # A category with at most this many codes (its values plus the unknown and
+  # missing codes) enters one-hot instead of embedded; 0: all embedded.
+  config.model.category_onehot_max = 0
   # Models trained as one program (vmapped over a member axis), each with
   # its own initialisation and data order from (seed, member); predictions
   # combine them. 1: a single model.

@@ -65,6 +65,9 @@ class MlpConfig:
     ple_bins: bins of the piecewise-linear encoding.
     numeric_embedding_dim: width of each number's embedding ('ple').
     category_embedding_dim: width of each category value's embedding.
+    category_onehot_max: a category with at most this many codes (its
+      values, unknown and missing) enters one-hot instead of through a
+      learned embedding (0: every category is embedded).
     ensemble_size: members trained as one program (the train state stacks
       them; one Mlp is one member).
     likelihood: 'squared_error' (the head predicts the targets) or
@@ -81,6 +84,7 @@ class MlpConfig:
   ple_bins: int = 16
   numeric_embedding_dim: int = 16
   category_embedding_dim: int = 8
+  category_onehot_max: int = 0
   ensemble_size: int = 1
   likelihood: str = 'squared_error'
   nll_beta: float = 0.0
@@ -111,8 +115,19 @@ class InputShape:
     numbers = self.num_numbers
     if config.numeric_embedding == 'ple':
       numbers *= config.numeric_embedding_dim
+    onehot, embedded = self.split_categories(config)
     return (numbers + self.num_raw + self.num_missing
-            + len(self.category_sizes) * config.category_embedding_dim)
+            + sum(self.category_sizes[c] for c in onehot)
+            + len(embedded) * config.category_embedding_dim)
+
+  def split_categories(self, config: MlpConfig
+                       ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Positions, among the categories, of those entering one-hot and of
+    those entering through an embedding."""
+    onehot = tuple(c for c, n in enumerate(self.category_sizes)
+                   if n <= config.category_onehot_max)
+    return onehot, tuple(c for c in range(len(self.category_sizes))
+                         if c not in onehot)
 
 
 def hidden_axes(layer: int) -> tuple[str, str]:
@@ -273,10 +288,15 @@ class Mlp(nnx.Module):
         param_dtype=param_dtype, rngs=rngs)
                     if config.numeric_embedding == 'ple'
                     and inputs.num_numbers else None)
+    # A category of few values is as expressive one-hot as embedded (the
+    # first layer's weights then are its embedding); which trains better is
+    # measured in docs/tables.md.
+    self.onehot, self.embedded = inputs.split_categories(config)
+    self.onehot_sizes = tuple(inputs.category_sizes[c] for c in self.onehot)
     self.categories = (embeddings.CategoryEmbedding(
-        inputs.category_sizes, config.category_embedding_dim,
-        param_dtype=param_dtype, rngs=rngs)
-                       if inputs.category_sizes else None)
+        tuple(inputs.category_sizes[c] for c in self.embedded),
+        config.category_embedding_dim, param_dtype=param_dtype, rngs=rngs)
+                       if self.embedded else None)
     sizes = (inputs.width(config),) + config.hidden_sizes
     self.hidden = nnx.List([
         _dense(sizes[i], sizes[i + 1], hidden_axes(i), config, rngs)
@@ -316,8 +336,10 @@ class Mlp(nnx.Module):
       parts.append(raw_BxR)
     if missing_BxM is not None and missing_BxM.shape[1]:
       parts.append(missing_BxM)
+    parts.extend(jax.nn.one_hot(codes_BxC[:, c], n, dtype=jnp.float32)
+                 for c, n in zip(self.onehot, self.onehot_sizes))
     if self.categories is not None:
-      parts.append(self.categories(codes_BxC))
+      parts.append(self.categories(codes_BxC[:, list(self.embedded)]))
     h = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
     for i, layer in enumerate(self.hidden):
       h = self.activation(layer(h))

@@ -329,3 +329,31 @@ def test_raw_numbers_are_standardised_clipped_and_read_by_the_first_layer():
   old = {k: v for k, v in dataclasses.asdict(plain).items()
          if k != 'raw_numbers'}
   assert InputLayout(**old) == plain
+
+
+def test_categories_of_few_codes_enter_one_hot_the_others_embedded():
+  # Column 0 is a number, 1 a category of 4 codes, 2 one of 40 codes.
+  layout = InputLayout.of((0, 4, 40), (False, False, False), 'standardize')
+  config = mlp.MlpConfig(hidden_sizes=(8,), category_onehot_max=5,
+                         category_embedding_dim=3)
+  assert layout.shape.split_categories(config) == ((0,), (1,))
+  assert layout.shape.width(config) == 1 + 4 + 3
+  model = state_lib.Architecture(config, layout, num_targets=1).build(0)
+  # Only the large category has embedding rows: 40 padded to 64.
+  assert model.categories.table.shape == (64, 3)
+  assert model.hidden[0].kernel.shape == (8, 8)
+  numbers = jnp.zeros((4, 1))
+  codes = jnp.array([[0, 5], [1, 5], [2, 5], [3, 5]], jnp.int32)
+  out = np.asarray(model(numbers, None, codes))
+  # Each code of the one-hot category reads its own row of the first
+  # layer's kernel: the rows after the number's.
+  kernel = np.asarray(model.hidden[0].kernel[...])
+  h = jnp.asarray(kernel[1:5] + np.asarray(
+      model.categories.table[...])[5] @ kernel[5:8] + np.asarray(
+          model.hidden[0].bias[...]))
+  want = np.asarray(model.head(jax.nn.relu(h)))
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+  assert len(set(np.round(out[:, 0], 6))) == 4
+  # Without the key every category is embedded, as before it existed.
+  embedded = mlp.MlpConfig(hidden_sizes=(8,), category_embedding_dim=3)
+  assert layout.shape.width(embedded) == 1 + 2 * 3
