@@ -92,6 +92,9 @@ def get_config() -> ml_collections.ConfigDict:
   # A category with at most this many codes (its values plus the unknown and
   # missing codes) enters one-hot instead of embedded; 0: all embedded.
   config.model.category_onehot_max = 0
+  # Add a linear map of the encoded inputs straight to the output (a wide
+  # path beside the hidden layers, zero at initialisation).
+  config.model.linear_head = False
   # Models trained as one program (vmapped over a member axis), each with
   # its own initialisation and data order from (seed, member); predictions
   # combine them. 1: a single model.

@@ -311,8 +311,10 @@ def _check_model(model: MlpConfig) -> None:
     value = getattr(model, key)
     _require(value in mlp.DTYPES, f'model.{key} {value!r} is unknown; use one '
              f'of {", ".join(mlp.DTYPES)}')
-  _require(isinstance(model.raw_numbers, bool),
-           f'model.raw_numbers={model.raw_numbers!r} must be True or False')
+  for key in ('raw_numbers', 'linear_head'):
+    value = getattr(model, key)
+    _require(isinstance(value, bool),
+             f'model.{key}={value!r} must be True or False')
   _require(model.numeric_embedding in NUMERIC_EMBEDDINGS,
            f'model.numeric_embedding {model.numeric_embedding!r} is unknown; '
            f'use one of {", ".join(NUMERIC_EMBEDDINGS)}')

@@ -68,6 +68,9 @@ class MlpConfig:
     category_onehot_max: a category with at most this many codes (its
       values, unknown and missing) enters one-hot instead of through a
       learned embedding (0: every category is embedded).
+    linear_head: add a linear map of the first layer's input (the encoded
+      numbers, flags and categories) to the head's output: a wide path
+      beside the deep one, zero at initialisation.
     ensemble_size: members trained as one program (the train state stacks
       them; one Mlp is one member).
     likelihood: 'squared_error' (the head predicts the targets) or
@@ -85,6 +88,7 @@ class MlpConfig:
   numeric_embedding_dim: int = 16
   category_embedding_dim: int = 8
   category_onehot_max: int = 0
+  linear_head: bool = False
   ensemble_size: int = 1
   likelihood: str = 'squared_error'
   nll_beta: float = 0.0
@@ -303,6 +307,15 @@ class Mlp(nnx.Module):
         for i in range(len(config.hidden_sizes))])
     self.head = _dense(sizes[-1], out_features,
                        output_axes(len(config.hidden_sizes)), config, rngs)
+    # Zero-initialised so that the network starts as the deep path alone;
+    # on a table whose target is nearly additive in its encoded inputs this
+    # path learns it directly instead of through the hidden layers.
+    self.wide = (nnx.Linear(
+        sizes[0], out_features, use_bias=False,
+        param_dtype=param_dtype,
+        kernel_init=nnx.with_partitioning(nnx.initializers.zeros_init(),
+                                          (EMBED_AXIS, OUT_AXIS)),
+        rngs=rngs) if config.linear_head and config.hidden_sizes else None)
 
   def __call__(self, numbers_BxN: jax.Array,
                missing_BxM: jax.Array | None = None,
@@ -341,6 +354,7 @@ class Mlp(nnx.Module):
     if self.categories is not None:
       parts.append(self.categories(codes_BxC[:, list(self.embedded)]))
     h = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+    x = h
     for i, layer in enumerate(self.hidden):
       h = self.activation(layer(h))
       if dropout_key is not None:
@@ -348,4 +362,6 @@ class Mlp(nnx.Module):
         mask = jax.random.bernoulli(
             jax.random.fold_in(dropout_key, i), keep, h.shape)
         h = jnp.where(mask, h / keep, 0.0)
-    return self.head(h)
+    if self.wide is None:
+      return self.head(h)
+    return self.head(h) + self.wide(x).astype(jnp.float32)

@@ -357,3 +357,47 @@ def test_categories_of_few_codes_enter_one_hot_the_others_embedded():
   # Without the key every category is embedded, as before it existed.
   embedded = mlp.MlpConfig(hidden_sizes=(8,), category_embedding_dim=3)
   assert layout.shape.width(embedded) == 1 + 2 * 3
+
+
+def test_linear_head_adds_a_linear_map_of_the_encoded_inputs():
+  layout = InputLayout.of((0, 0, 6), (True, False, False), 'standardize')
+  deep_config = mlp.MlpConfig(hidden_sizes=(8, 8), category_embedding_dim=3)
+  wide_config = dataclasses.replace(deep_config, linear_head=True)
+  deep = state_lib.Architecture(deep_config, layout, num_targets=2).build(0)
+  wide = state_lib.Architecture(wide_config, layout, num_targets=2).build(0)
+  width = layout.shape.width(wide_config)
+  assert wide.wide.kernel.shape == (width, 2) and deep.wide is None
+  numbers = jax.random.normal(jax.random.key(3), (5, 2))
+  missing = jnp.array([[0.], [1.], [0.], [0.], [1.]])
+  codes = jnp.array([[0], [1], [2], [3], [4]], jnp.int32)
+  # Zero at initialisation: the same network as without it.
+  np.testing.assert_array_equal(wide(numbers, missing, codes),
+                                deep(numbers, missing, codes))
+  # Then the output moves by exactly the first layer's input times its
+  # kernel: the numbers, the flag and the category's embedding.
+  kernel_Wx2 = jax.random.normal(jax.random.key(4), (width, 2))
+  wide.wide.kernel[...] = kernel_Wx2
+  table = np.asarray(wide.categories.table[...])
+  x_BxW = np.concatenate([np.asarray(numbers), np.asarray(missing),
+                          table[np.asarray(codes[:, 0])]], axis=1)
+  np.testing.assert_allclose(
+      wide(numbers, missing, codes) - deep(numbers, missing, codes),
+      x_BxW @ np.asarray(kernel_Wx2), rtol=1e-5, atol=1e-5)
+  # Its kernel is named like the first layer's input and the head's output,
+  # so the sharding rules place it (replicated over 'model' here).
+  mesh = sharding.make_mesh(4, 2)
+  arch = state_lib.Architecture(
+      dataclasses.replace(wide_config, hidden_sizes=(64, 64)), layout, 2)
+  tx = optim.make_optimizer(
+      config_lib.parse(default.get_config()).optimizer, 100)
+  specs = state_lib.state_shardings(arch, tx, mesh).params
+  assert specs['wide']['kernel'].spec == jax.sharding.PartitionSpec(
+      'members', None, None)
+
+
+def test_linear_head_must_be_a_bool():
+  raw = default.get_config().to_dict()
+  raw['model']['linear_head'] = 'yes'
+  with pytest.raises(UsageError,
+                     match=r"model.linear_head='yes' must be True or False"):
+    config_lib.parse(raw)
