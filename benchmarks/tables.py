@@ -15,12 +15,12 @@ user runs it, configs/csv.py untouched and nothing but the target named:
 
 in a subprocess; its test RMSE is what `--mode=eval` reports afterwards (the
 model a user gets: the best step by validation), and `--mode=predict` on the
-test file must give the same. Only where its files go differs from a user's first run:
-the prepared TFDS copy and the compilation cache live in the run's scratch
-folder (so every run starts as cold as a first one, and nothing is left in
-~). A run that meshfit refuses (exit 2 and an `error:` line) is a result,
-recorded with its exit status and that line: the benchmark measures the
-product as it is.
+test file must give the same. Only where its files go differs from a user's
+first run: the prepared TFDS copy and the compilation cache live in the run's
+scratch folder (so every run starts as cold as a first one, and nothing is
+left in ~). A run that meshfit refuses (exit 2 and an `error:` line) is a
+result, recorded with its exit status and that line: the benchmark measures
+the product as it is.
 
 Beside it, fitted in this process on the same files, the references of
 ../shared/datasets/tables/README.md (rows whose target is missing left out
