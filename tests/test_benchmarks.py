@@ -1,6 +1,5 @@
 """The benchmarks' cheapest sections run and report what they measure."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -190,25 +189,19 @@ def test_scale_benchmark_prepares_and_streams_a_small_table(tmp_path):
   assert len(os.listdir(tmp_path / '30000' / 'files')) == 9  # 8 + eval
 
 
-def _tables_module():
-  """benchmarks/tables.py as a module, loaded once (it defines absl flags)
-  under a name no installed package has."""
-  name = 'meshfit_benchmarks_tables'
-  if name not in sys.modules:
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(ROOT, 'benchmarks', 'tables.py'))
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))  # bench_common
-    try:
-      spec.loader.exec_module(module)
-    finally:
-      sys.path.pop(0)
-    sys.modules[name] = module
-  return sys.modules[name]
+def _table_scores():
+  """benchmarks/table_scores.py (tables.py's scores without its absl flags,
+  which would clash with uci.py's in this process)."""
+  sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+  try:
+    import table_scores  # noqa: PLC0415
+  finally:
+    sys.path.pop(0)
+  return table_scores
 
 
 def test_paired_interval_tells_a_real_difference_from_noise():
-  tables = _tables_module()
+  tables = _table_scores()
   rng = np.random.default_rng(0)
   y = rng.normal(size=400)
   good = y + 0.5 * rng.normal(size=400)
@@ -227,7 +220,7 @@ def test_paired_interval_tells_a_real_difference_from_noise():
 
 
 def test_interval_report_counts_splits_per_reference():
-  tables = _tables_module()
+  tables = _table_scores()
   better = {'diff': -2.0, 'low': -3.0, 'high': -1.0}
   tied = {'diff': 0.5, 'low': -1.0, 'high': 2.0}
   worse = {'diff': 2.0, 'low': 1.0, 'high': 3.0}
