@@ -92,9 +92,12 @@ def get_config() -> ml_collections.ConfigDict:
   # A category with at most this many codes (its values plus the unknown and
   # missing codes) enters one-hot instead of embedded; 0: all embedded.
   config.model.category_onehot_max = 0
-  # Add a linear map of the encoded inputs straight to the output (a wide
-  # path beside the hidden layers, zero at initialisation).
-  config.model.linear_head = False
+  # Each member also holds a ridge regression of its encoded inputs
+  # (numbers, missing flags, categories one-hot), fitted in closed form on
+  # its training rows, and predicts a blend of it and the network, the
+  # ridge's weight chosen on the validation rows (so it needs them:
+  # dataset.validation_folds or validation_fraction). squared_error only.
+  config.model.ridge_blend = False
   # Models trained as one program (vmapped over a member axis), each with
   # its own initialisation and data order from (seed, member); predictions
   # combine them. 1: a single model.

@@ -311,7 +311,7 @@ def _check_model(model: MlpConfig) -> None:
     value = getattr(model, key)
     _require(value in mlp.DTYPES, f'model.{key} {value!r} is unknown; use one '
              f'of {", ".join(mlp.DTYPES)}')
-  for key in ('raw_numbers', 'linear_head'):
+  for key in ('raw_numbers', 'ridge_blend'):
     value = getattr(model, key)
     _require(isinstance(value, bool),
              f'model.{key}={value!r} must be True or False')
@@ -332,6 +332,10 @@ def _check_model(model: MlpConfig) -> None:
            f'{", ".join(LIKELIHOODS)}')
   _require(_is_number(model.nll_beta) and 0 <= model.nll_beta <= 1,
            f'model.nll_beta={model.nll_beta!r} must be in [0, 1]')
+  _require(not model.ridge_blend or model.likelihood == 'squared_error',
+           'model.ridge_blend=True blends predicted values, and '
+           f"model.likelihood='{model.likelihood}' predicts distributions; "
+           'set model.ridge_blend=False')
 
 
 def grid_size(sweep: SweepConfig) -> int:
@@ -376,6 +380,12 @@ def _check_sweep(config: Config) -> None:
            f"sweep.select='{sweep.select}' chooses members on validation "
            'rows; set dataset.validation_fraction (e.g. 0.2) or '
            'dataset.validation_folds, or select=all')
+  _require(not config.model.ridge_blend
+           or config.dataset.validation_fraction > 0
+           or config.dataset.validation_folds,
+           'model.ridge_blend=True weighs the ridge part on validation rows; '
+           'set dataset.validation_fraction (e.g. 0.2) or '
+           'dataset.validation_folds, or model.ridge_blend=False')
   _require(_is_int(config.mesh.members) and config.mesh.members > 0
            and members % config.mesh.members == 0,
            f'mesh.members={config.mesh.members!r} must divide '

@@ -173,8 +173,13 @@ def check_resume_compatible(trained: Mapping[str, Any], config: Config,
   Raises:
     UsageError: naming every differing key outside RESUME_SAFE_KEYS.
   """
-  before = flatten(_tuples(dict(trained)))
   now = flatten(config.to_dict())
+  # A checkpoint older than a key was trained as its default is now (keys
+  # join configs/default.py with the value that does what meshfit did
+  # before them): a run that sets another value is another model.
+  defaults = flatten(default.get_config().to_dict())
+  before = {**{k: v for k, v in defaults.items() if k in now},
+            **flatten(_tuples(dict(trained)))}
   differing = sorted(k for k in before.keys() & now.keys()
                      if before[k] != now[k] and k not in RESUME_SAFE_KEYS)
   if differing:

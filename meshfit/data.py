@@ -210,11 +210,11 @@ def rows_of(table: Table | Store, blocks: Blocks) -> Table:
                table.plan)
 
 
-def training_sample(splits: Splits) -> Table:
+def training_sample(splits: Splits, max_rows: int = STATS_ROWS) -> Table:
   """The training rows the feature statistics are computed from: all of
-  them up to STATS_ROWS, else every k-th block (spread over the table)."""
+  them up to `max_rows`, else every k-th block (spread over the table)."""
   blocks = splits.blocks
-  every = -(-blocks.num_rows // STATS_ROWS)
+  every = -(-blocks.num_rows // max_rows)
   return rows_of(splits.train, blocks.take(np.arange(0, len(blocks), every)))
 
 

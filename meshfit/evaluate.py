@@ -33,7 +33,8 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
     the targets', each target's are in its own units. A gaussian model adds
     "nll" (per example, original units), "coverage_50", "coverage_90",
     "coverage_95" and "coverage" (every level); an ensemble of several
-    members "members" (the weight and hyperparameters of those used).
+    members "members" (the weight and hyperparameters of those used); a
+    model with ridge parts "ridge_weight" (their weight per target).
   """
   config = config_lib.parse(config)
   config_lib.check_devices(config, jax.device_count())
@@ -53,6 +54,9 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   if state.num_members > 1:
     result['members'] = runtime.members_summary(
         state, optim.Hyperparameters.of(config))
+  weights = runtime.ridge_weights(state, table)
+  if weights is not None:
+    result['ridge_weight'] = weights
   if jax.process_index() == 0:
     os.makedirs(os.path.join(workdir, 'eval'), exist_ok=True)
     with atomic_write(os.path.join(workdir, 'eval', f'step_{step}.json')) as f:

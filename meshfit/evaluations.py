@@ -11,8 +11,8 @@ import jax
 import numpy as np
 from absl import logging
 
-from meshfit import (checkpointing, data, metrics, optim, runtime, selection,
-                     sharding, state as state_lib, steps, writers)
+from meshfit import (checkpointing, data, metrics, optim, ridge, runtime,
+                     selection, sharding, state as state_lib, steps, writers)
 from meshfit.config import Config
 from meshfit.validation import BestTracker
 
@@ -29,7 +29,7 @@ class Evaluations:
     self._step = steps.jit_eval_step(setup.graphdef, setup.arch.layout,
                                      setup.shardings, setup.mesh,
                                      setup.distribution)
-    self._member_step = steps.jit_member_outputs(
+    self._member_step = steps.jit_member_parts(
         setup.graphdef, setup.arch.layout, setup.shardings, setup.mesh)
     self._weights = sharding.member_sharding(setup.mesh)
     self._hparams = optim.Hyperparameters.of(config)
@@ -47,31 +47,41 @@ class Evaluations:
   def _choose(self, step: int, state: state_lib.TrainState
               ) -> state_lib.TrainState:
     """Scores every member on the validation rows; the state with the
-    weights `sweep.select` gives them."""
+    weights `sweep.select` gives them (and, with ridge parts, their
+    weight in the blend)."""
     validation = self._splits.validation
-    mean, var = runtime.member_outputs(self._setup, state, validation.x_NxF,
-                                       self._config.eval_batch_size,
-                                       self._member_step)
+    mean, var, ridge_out = runtime.member_parts(
+        self._setup, state, validation.x_NxF, self._config.eval_batch_size,
+        self._member_step)
     stats = jax.device_get(state.stats)
     z = (validation.y_NxT - stats.y_mean_T) / stats.y_std_T
+    fold_N = self._splits.validation_fold_N
     previous, self.choice = self.choice, selection.choose(
         self._config.sweep.select, mean, var, z, self._setup.distribution,
-        self._splits.validation_fold_N, self._folds)
+        fold_N, self._folds)
+    if ridge_out is not None:
+      self.choice = selection.blend(self.choice, mean, ridge_out, z, fold_N,
+                                    self._folds)
+      state = ridge.with_weight(state, self.choice.ridge_weight_T,
+                                self._setup.shardings)
     if state.num_members > 1 and (
         previous is None or previous.chosen() != self.choice.chosen()):
       logging.info('Step %d: %s.', step,
                    self.choice.describe(self._hparams))
     if self._folds > 1:
-      self._out_of_fold = self._out_of_fold_metrics(mean, stats)
+      self._out_of_fold = self._out_of_fold_metrics(mean, ridge_out, stats)
     return state.replace(weights_M=jax.device_put(self.choice.weights_M,
                                                   self._weights))
 
-  def _out_of_fold_metrics(self, mean_MxNxT, stats) -> dict:
+  def _out_of_fold_metrics(self, mean_MxNxT, ridge_MxNxT, stats) -> dict:
     """The chosen ensemble's metrics on the validation rows, each row
     predicted by the members that did not train on it."""
     folds, validation = self._folds, self._splits.validation
-    bags_BxNxT = selection.out_of_fold(
-        mean_MxNxT, self._splits.validation_fold_N, folds)
+    fold_N = self._splits.validation_fold_N
+    if ridge_MxNxT is not None:  # each member's prediction: the blend
+      weight_T = self.choice.ridge_weight_T
+      mean_MxNxT = mean_MxNxT + weight_T * (ridge_MxNxT - mean_MxNxT)
+    bags_BxNxT = selection.out_of_fold(mean_MxNxT, fold_N, folds)
     weights_B = self.choice.weights_M[::folds] * folds
     used = weights_B > 0  # a diverged bag's NaN must not reach the sum
     pred_NxT = (np.tensordot(weights_B[used].astype(np.float64),
@@ -98,6 +108,12 @@ class Evaluations:
                     self._evaluate(state, self._splits.validation))
       scalars.update({**_eval_scalars('val', validation),
                       'val/loss': self.choice.loss})
+      if self.choice.ridge_weight_T is not None:
+        weight_T = self.choice.ridge_weight_T
+        scalars['val/ridge_weight'] = float(np.mean(weight_T))
+        if len(weight_T) > 1:
+          scalars.update({f'val/ridge_weight/{t}': float(w) for t, w in zip(
+              self._splits.validation.target_names, weight_T)})
       if state.num_members > 1:
         best = self.choice.best_member
         scalars.update({
@@ -130,6 +146,9 @@ class Evaluations:
     if best_state.num_members > 1:
       result['members'] = runtime.members_summary(best_state,
                                                    self._hparams)
+    weights = runtime.ridge_weights(best_state, self._splits.eval)
+    if weights is not None:
+      result['ridge_weight'] = weights
     return result
 
 

@@ -22,7 +22,7 @@ from input_pipeline.tables import Table
 from meshfit import (call_plan, checkpoint_policy, checkpointing,
                      compilation_cache, config as config_lib, config_files,
                      data, evaluations as evaluations_lib, feeding, metrics,
-                     optim, plots, runtime, sharding, sizing,
+                     optim, plots, ridge, runtime, sharding, sizing,
                      state as state_lib, steps, workdir_lock, writers)
 from meshfit.config import Config
 from meshfit.errors import UsageError
@@ -139,10 +139,12 @@ def _restore_or_init(config: Config, setup: runtime.Setup,
   ckpt.set_aside(damaged)
   sample = data.training_sample(splits)
   stats = FeatureStats.fit(setup.arch.layout, sample.x_NxF, sample.y_NxT)
-  return (state_lib.create_train_state(setup.arch, setup.tx, setup.mesh,
+  state = state_lib.create_train_state(setup.arch, setup.tx, setup.mesh,
                                        config.seed, stats,
-                                       optim.Hyperparameters.of(config)), 0,
-          BestTracker(config.early_stopping_evals))
+                                       optim.Hyperparameters.of(config))
+  if config.model.ridge_blend:
+    state = ridge.fit_into(state, setup, splits)
+  return state, 0, BestTracker(config.early_stopping_evals)
 
 
 def _check_resumable(meta: dict, config: Config, splits: data.Splits,
@@ -373,6 +375,9 @@ def _summarize(config: Config, workdir: str, final: dict,
   if 'members' in final:
     chosen += (f', members {", ".join(final["members"])} of '
                f'{config.model.ensemble_size} ({config.sweep.select})')
+  if 'ridge_weight' in final:
+    chosen += ', ridge part ' + '/'.join(
+        f'{w:.0%}' for w in final['ridge_weight'].values()) + ' of it'
   distribution = (f' nll={final["nll"]:.6g} coverage_90='
                   f'{final["coverage_90"]:.4f}' if 'nll' in final else '')
   logging.info('Done: %s; eval rmse=%.6g mae=%.6g r2=%.4f%s on %d rows%s%s',

@@ -7,6 +7,8 @@ traced values inside the vmapped step; the optimizer state has the same
 structure whatever the values, so one `init` serves every member.
 """
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,7 @@ import optax
 from flax import struct
 
 from meshfit.config import Config, OptimizerConfig
+from models.mlp import FITTED
 
 
 @struct.dataclass
@@ -91,10 +94,19 @@ def learning_rate_schedule(opt: OptimizerConfig, num_train_steps: int,
   return lambda count: unit(count) * peak
 
 
+def trained(params: Any) -> Any:
+  """True for every parameter the optimizer trains: all but a fitted ridge
+  part's (models/ridge.py), which training never changes (its gradient is
+  zero, and weight decay must not shrink it either)."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, _: not any(getattr(k, 'key', None) == FITTED
+                              for k in path), params)
+
+
 def make_optimizer(opt: OptimizerConfig, num_train_steps: int,
                    learning_rate: float | jax.Array | None = None,
-                   weight_decay: float | jax.Array | None = None
-                   ) -> optax.GradientTransformation:
+                   weight_decay: float | jax.Array | None = None,
+                   fitted: bool = False) -> optax.GradientTransformation:
   """Gradient clipping (optional) followed by sgd, adam or adamw.
 
   Args:
@@ -102,13 +114,16 @@ def make_optimizer(opt: OptimizerConfig, num_train_steps: int,
     num_train_steps: the run's length.
     learning_rate: a member's peak learning rate; default the config's.
     weight_decay: a member's weight decay (adamw); default the config's.
+    fitted: the parameters hold a fitted ridge part, left out of the
+      weight decay (`trained`).
   """
   lr = learning_rate_schedule(opt, num_train_steps, learning_rate)
   decay = opt.weight_decay if weight_decay is None else weight_decay
   base = {
       'sgd': lambda: optax.sgd(lr, momentum=opt.momentum or None),
       'adam': lambda: optax.adam(lr),
-      'adamw': lambda: optax.adamw(lr, weight_decay=decay),
+      'adamw': lambda: optax.adamw(lr, weight_decay=decay,
+                                   mask=trained if fitted else None),
   }[opt.name]()
   if opt.grad_clip_norm > 0:
     return optax.chain(optax.clip_by_global_norm(opt.grad_clip_norm), base)
@@ -116,9 +131,9 @@ def make_optimizer(opt: OptimizerConfig, num_train_steps: int,
 
 
 def member_optimizer(opt: OptimizerConfig, num_train_steps: int,
-                     hparams: Hyperparameters
+                     hparams: Hyperparameters, fitted: bool = False
                      ) -> optax.GradientTransformation:
   """One member's optimizer, from its own values (scalars, traced inside
   the step's vmap over members)."""
   return make_optimizer(opt, num_train_steps, hparams.learning_rate_M,
-                        hparams.weight_decay_M)
+                        hparams.weight_decay_M, fitted)

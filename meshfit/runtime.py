@@ -19,6 +19,7 @@ from meshfit import (checkpointing, feeding, in_flight, metrics, optim,
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.features import InputLayout
+from models import mlp
 
 # The version of what a checkpoint holds: 2 has the column plan and the
 # input layout in its meta (meshfit before it stored feature names only), 3
@@ -67,9 +68,11 @@ def make_setup(config: Config, layout: InputLayout, num_targets: int,
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model,
                               members=config.mesh.members)
   arch = state_lib.Architecture(config.model, layout, num_targets)
-  tx = optim.make_optimizer(config.optimizer, config.num_train_steps)
+  fitted = config.model.ridge_blend
+  tx = optim.make_optimizer(config.optimizer, config.num_train_steps,
+                            fitted=fitted)
   member_tx = functools.partial(optim.member_optimizer, config.optimizer,
-                                config.num_train_steps)
+                                config.num_train_steps, fitted=fitted)
   dropout = config.model.dropout_rate > 0 or any(
       r > 0 for r in config.sweep.dropout_rates)
   return Setup(mesh, arch, state_lib.graphdef(arch), tx, member_tx, dropout,
@@ -160,22 +163,24 @@ def predict_table(setup: Setup, state: state_lib.TrainState,
           for i, name in enumerate(names)}
 
 
-def member_outputs(setup: Setup, state: state_lib.TrainState,
-                   x_NxF: np.ndarray, batch_size: int, step=None
-                   ) -> tuple[np.ndarray, np.ndarray]:
-  """Every member's (mean_MxNxT, var_MxNxT), standardised units (to choose
-  members on validation rows).
+def member_parts(setup: Setup, state: state_lib.TrainState,
+                 x_NxF: np.ndarray, batch_size: int, step=None
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+  """Every member's network (mean_MxNxT, var_MxNxT) and ridge part
+  (ridge_MxNxT, None without one), standardised units (to choose members
+  and weigh the blend on validation rows).
 
-  `step` is `steps.jit_member_outputs` of this set-up when the caller
-  calls this often (a new one traces and lowers again).
+  `step` is `steps.jit_member_parts` of this set-up when the caller calls
+  this often (a new one traces and lowers again).
   """
   if step is None:
-    step = steps.jit_member_outputs(setup.graphdef, setup.arch.layout,
-                                    setup.shardings, setup.mesh)
+    step = steps.jit_member_parts(setup.graphdef, setup.arch.layout,
+                                  setup.shardings, setup.mesh)
   outputs = _over_batches(setup, x_NxF, batch_size, lambda x: step(state, x))
   n = x_NxF.shape[0]
-  return tuple(np.concatenate([o[i] for o in outputs], axis=1)[:, :n]
-               for i in range(2))
+  return tuple(None if outputs[0][i] is None else
+               np.concatenate([o[i] for o in outputs], axis=1)[:, :n]
+               for i in range(3))
 
 
 def _over_batches(setup: Setup, x_NxF: np.ndarray, batch_size: int,
@@ -245,3 +250,14 @@ def members_summary(state: state_lib.TrainState,
   weights = np.asarray(jax.device_get(state.weights_M))
   return {str(m): {'weight': float(weights[m]), **hparams.member(int(m))}
           for m in np.flatnonzero(weights > 0)}
+
+
+def ridge_weights(state: state_lib.TrainState, table: Table
+                  ) -> dict[str, float] | None:
+  """{target: the ridge part's weight in the prediction}, or None for a
+  model without ridge parts (members share one weight)."""
+  part = state.params.get(mlp.FITTED)
+  if part is None:
+    return None
+  weight_T = np.asarray(jax.device_get(part['weight']))[0]
+  return {name: float(w) for name, w in zip(table.target_names, weight_T)}

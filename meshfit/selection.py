@@ -47,6 +47,8 @@ class Choice:
       with folds, its bag's out-of-fold loss.
     all_loss: the loss of every finite member alike.
     folds: the members of a bag (1: members are chosen one by one).
+    ridge_weight_T: with ridge parts (`blend`), their weight in the
+      members' predictions per target; `loss` is then the blend's.
   """
   select: str
   weights_M: np.ndarray
@@ -54,6 +56,7 @@ class Choice:
   member_losses_M: np.ndarray
   all_loss: float
   folds: int = 1
+  ridge_weight_T: np.ndarray | None = None
 
   @property
   def best_member(self) -> int:
@@ -83,6 +86,10 @@ class Choice:
             f'{unit(self.best_member)}: '
             f'{self.member_losses_M[self.best_member]:.6g}; all alike: '
             f'{self.all_loss:.6g})')
+    if self.ridge_weight_T is not None:
+      line += ('; ridge part ' + '/'.join(f'{w:.0%}'
+                                          for w in self.ridge_weight_T)
+               + ' of the prediction')
     varying = [] if hyperparameters is None else hyperparameters.varying()
     if varying and self.select != 'all':
       line += '; ' + '; '.join(
@@ -98,7 +105,9 @@ class Choice:
             'validation_loss': self.loss,
             'best_member': self.best_member,
             'best_member_loss': float(self.member_losses_M[self.best_member]),
-            'all_members_loss': self.all_loss}
+            'all_members_loss': self.all_loss,
+            **({'ridge_weight': [float(w) for w in self.ridge_weight_T]}
+               if self.ridge_weight_T is not None else {})}
 
 
 def _log_density(mean, var, z):
@@ -201,6 +210,46 @@ def choose(select: str, mean_MxNxT: np.ndarray, var_MxNxT: np.ndarray,
     weights, loss = _greedy(scorer, losses)
   return Choice(select, weights.astype(np.float32), float(loss), losses,
                 float(all_loss))
+
+
+def blend(choice: Choice, network_MxNxT: np.ndarray,
+          ridge_MxNxT: np.ndarray, z_NxT: np.ndarray,
+          fold_N: np.ndarray | None = None, folds: int = 1) -> Choice:
+  """`choice` with its members' ridge parts weighed against their networks.
+
+  The chosen ensemble's networks predict d and its ridge parts r on the
+  validation rows (out of fold with folds); each target's weight is the
+  w in [0, 1] that minimises the mean of (d + w (r - d) - z)^2 (a line
+  search in closed form), and the choice's loss becomes that blend's.
+
+  Args:
+    choice: the members chosen on their networks' outputs (`choose`).
+    network_MxNxT: each member's network (standardised units).
+    ridge_MxNxT: each member's ridge part.
+    z_NxT: the standardised validation targets.
+    fold_N: with folds, the fold of each validation row.
+    folds: as in `choose`.
+  """
+  weights_M = choice.weights_M.astype(np.float64)
+  if folds > 1:
+    network_MxNxT = out_of_fold(network_MxNxT, fold_N, folds)
+    ridge_MxNxT = out_of_fold(ridge_MxNxT, fold_N, folds)
+    weights_M = weights_M[::folds] * folds
+  used = weights_M > 0  # a diverged member's NaN must not reach the sums
+  d_NxT = np.tensordot(weights_M[used], network_MxNxT[used].astype(
+      np.float64), axes=1)
+  r_NxT = np.tensordot(weights_M[used], ridge_MxNxT[used].astype(
+      np.float64), axes=1)
+  z_NxT = z_NxT.astype(np.float64)
+  step_NxT = r_NxT - d_NxT
+  size_T = np.sum(step_NxT**2, axis=0)
+  with np.errstate(all='ignore'):
+    weight_T = np.where(size_T > 0, np.sum(step_NxT * (z_NxT - d_NxT), axis=0)
+                        / size_T, 0.0)
+  weight_T = np.clip(np.nan_to_num(weight_T), 0.0, 1.0)
+  loss = float(np.mean(np.mean((d_NxT + weight_T * step_NxT - z_NxT)**2,
+                               axis=0)))
+  return dataclasses.replace(choice, loss=loss, ridge_weight_T=weight_T)
 
 
 def _greedy(scorer: _Scorer, losses_M: np.ndarray

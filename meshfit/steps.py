@@ -33,15 +33,35 @@ def member_outputs(graphdef: nnx.GraphDef, layout: InputLayout,
                    state: TrainState, x_BxF: jax.Array
                    ) -> tuple[jax.Array, jax.Array]:
   """Every member's (mean_MxBxT, var_MxBxT) in standardised units (var 0
-  for a squared-error model) for input columns x_BxF."""
+  for a squared-error model) for input columns x_BxF: its prediction,
+  blended with its ridge part if it has one."""
   inputs = features.model_inputs(state.stats, layout, x_BxF)
 
   def member(params):
     model = nnx.merge(graphdef, params)
     return uncertainty.split_outputs(
         model(inputs['numbers'], inputs['missing'], inputs['codes'],
-              inputs['raw']),
+              inputs['raw'], blended=True),
         model.likelihood)
+  return jax.vmap(member)(state.params)
+
+
+def member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
+                 state: TrainState, x_BxF: jax.Array
+                 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+  """(mean_MxBxT, var_MxBxT, ridge_MxBxT): every member's network alone,
+  as `member_outputs`, and its ridge part's prediction (None without one),
+  standardised units: what the validation rows weigh."""
+  inputs = features.model_inputs(state.stats, layout, x_BxF)
+  args = (inputs['numbers'], inputs['missing'], inputs['codes'],
+          inputs['raw'])
+
+  def member(params):
+    model = nnx.merge(graphdef, params)
+    mean, var = uncertainty.split_outputs(model.network(*args),
+                                          model.likelihood)
+    return mean, var, (None if model.ridge is None
+                       else model.ridge_part(*args))
   return jax.vmap(member)(state.params)
 
 
@@ -449,13 +469,14 @@ def jit_predict_step(graphdef: nnx.GraphDef, layout: InputLayout,
                  out_shardings=sharding.replicated(mesh))
 
 
-def jit_member_outputs(graphdef: nnx.GraphDef, layout: InputLayout,
-                       state_shardings: TrainState, mesh: Mesh
-                       ) -> Callable[[TrainState, jax.Array],
-                                     tuple[jax.Array, jax.Array]]:
-  """`member_outputs` jitted once (every member's, for choosing them);
-  replicated."""
-  return jax.jit(functools.partial(member_outputs, graphdef, layout),
+def jit_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
+                     state_shardings: TrainState, mesh: Mesh
+                     ) -> Callable[[TrainState, jax.Array],
+                                   tuple[jax.Array, jax.Array,
+                                         jax.Array | None]]:
+  """`member_parts` jitted once (every member's, for choosing them and the
+  blend); replicated."""
+  return jax.jit(functools.partial(member_parts, graphdef, layout),
                  in_shardings=(state_shardings,
                                sharding.batch_sharding(mesh)),
                  out_shardings=sharding.replicated(mesh))

@@ -16,13 +16,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import embeddings
+from models import embeddings, ridge
 
 # Logical axis names, mapped to mesh axes in meshfit/sharding.py (more in
 # models/embeddings.py).
 EMBED_AXIS = embeddings.EMBED_AXIS  # a feature dimension kept whole
 HIDDEN_AXIS = 'mlp'  # a hidden dimension split over the model-parallel axis
-OUT_AXIS = 'out'  # the regression targets
+OUT_AXIS = ridge.OUT_AXIS  # the regression targets
+# The fitted ridge part's name among a member's parameters (`Mlp.ridge`):
+# the optimizer leaves it out (meshfit/optim.py).
+FITTED = 'ridge'
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     'relu': jax.nn.relu,
@@ -68,9 +71,10 @@ class MlpConfig:
     category_onehot_max: a category with at most this many codes (its
       values, unknown and missing) enters one-hot instead of through a
       learned embedding (0: every category is embedded).
-    linear_head: add a linear map of the first layer's input (the encoded
-      numbers, flags and categories) to the head's output: a wide path
-      beside the deep one, zero at initialisation.
+    ridge_blend: each member also holds a linear model of its encoded
+      inputs (`models/ridge.py`), fitted in closed form, and predicts a
+      blend of the two whose weight is chosen on validation rows
+      (squared_error only).
     ensemble_size: members trained as one program (the train state stacks
       them; one Mlp is one member).
     likelihood: 'squared_error' (the head predicts the targets) or
@@ -88,7 +92,7 @@ class MlpConfig:
   numeric_embedding_dim: int = 16
   category_embedding_dim: int = 8
   category_onehot_max: int = 0
-  linear_head: bool = False
+  ridge_blend: bool = False
   ensemble_size: int = 1
   likelihood: str = 'squared_error'
   nll_beta: float = 0.0
@@ -123,6 +127,15 @@ class InputShape:
     return (numbers + self.num_raw + self.num_missing
             + sum(self.category_sizes[c] for c in onehot)
             + len(embedded) * config.category_embedding_dim)
+
+  @property
+  def ridge_dense(self) -> int:
+    """The ridge part's dense inputs: numbers, raw numbers, flags."""
+    return self.num_numbers + self.num_raw + self.num_missing
+
+  def ridge_categories(self) -> tuple[int, ...]:
+    """Positions of the categories the ridge part takes one-hot."""
+    return ridge.categories_taken(self.ridge_dense, self.category_sizes)
 
   def split_categories(self, config: MlpConfig
                        ) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -307,22 +320,21 @@ class Mlp(nnx.Module):
         for i in range(len(config.hidden_sizes))])
     self.head = _dense(sizes[-1], out_features,
                        output_axes(len(config.hidden_sizes)), config, rngs)
-    # Zero-initialised so that the network starts as the deep path alone;
-    # on a table whose target is nearly additive in its encoded inputs this
-    # path learns it directly instead of through the hidden layers.
-    self.wide = (nnx.Linear(
-        sizes[0], out_features, use_bias=False,
-        param_dtype=param_dtype,
-        kernel_init=nnx.with_partitioning(nnx.initializers.zeros_init(),
-                                          (EMBED_AXIS, OUT_AXIS)),
-        rngs=rngs) if config.linear_head and config.hidden_sizes else None)
+    # Built last and from no key: the network's parameters are the same
+    # with or without it.
+    self.ridge_categories = inputs.ridge_categories()
+    self.ridge = (ridge.Ridge(
+        inputs.ridge_dense, tuple(inputs.category_sizes[c]
+                                  for c in self.ridge_categories),
+        out_features) if config.ridge_blend else None)
 
   def __call__(self, numbers_BxN: jax.Array,
                missing_BxM: jax.Array | None = None,
                codes_BxC: jax.Array | None = None,
                raw_BxR: jax.Array | None = None,
                dropout_key: jax.Array | None = None,
-               dropout_rate: jax.Array | float | None = None) -> jax.Array:
+               dropout_rate: jax.Array | float | None = None,
+               blended: bool = False) -> jax.Array:
     """Predicts targets.
 
     Args:
@@ -335,12 +347,29 @@ class Mlp(nnx.Module):
         (i.e. in training) and the rate is positive.
       dropout_rate: the rate (a member's own, maybe traced); default the
         config's.
+      blended: with a ridge part, the member's prediction (the network's
+        and the ridge part's, blended); else the network's alone, what
+        training fits.
 
     Returns:
       y_BxT, the predictions (y_Bx2T for a gaussian likelihood: the means,
       then the raw variances), in float32 whatever the compute dtype (so the
       loss is computed in float32).
     """
+    out = self.network(numbers_BxN, missing_BxM, codes_BxC, raw_BxR,
+                       dropout_key, dropout_rate)
+    if not blended or self.ridge is None:
+      return out
+    return self.ridge.blend(out, self.ridge_part(numbers_BxN, missing_BxM,
+                                                 codes_BxC, raw_BxR))
+
+  def network(self, numbers_BxN: jax.Array,
+              missing_BxM: jax.Array | None = None,
+              codes_BxC: jax.Array | None = None,
+              raw_BxR: jax.Array | None = None,
+              dropout_key: jax.Array | None = None,
+              dropout_rate: jax.Array | float | None = None) -> jax.Array:
+    """The network's own prediction (`__call__`'s arguments)."""
     if dropout_rate is None:
       dropout_rate = self.dropout_rate
     parts = [numbers_BxN if self.numbers is None
@@ -354,7 +383,6 @@ class Mlp(nnx.Module):
     if self.categories is not None:
       parts.append(self.categories(codes_BxC[:, list(self.embedded)]))
     h = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
-    x = h
     for i, layer in enumerate(self.hidden):
       h = self.activation(layer(h))
       if dropout_key is not None:
@@ -362,6 +390,25 @@ class Mlp(nnx.Module):
         mask = jax.random.bernoulli(
             jax.random.fold_in(dropout_key, i), keep, h.shape)
         h = jnp.where(mask, h / keep, 0.0)
-    if self.wide is None:
-      return self.head(h)
-    return self.head(h) + self.wide(x).astype(jnp.float32)
+    return self.head(h)
+
+  def ridge_part(self, numbers_BxN: jax.Array,
+                 missing_BxM: jax.Array | None = None,
+                 codes_BxC: jax.Array | None = None,
+                 raw_BxR: jax.Array | None = None) -> jax.Array:
+    """The ridge part's prediction, y_BxT (the model must have one)."""
+    dense_BxD = ridge_inputs(numbers_BxN, missing_BxM, raw_BxR)
+    codes = (codes_BxC[:, list(self.ridge_categories)]
+             if self.ridge_categories else None)
+    return self.ridge(dense_BxD, codes)
+
+
+def ridge_inputs(numbers_BxN: jax.Array, missing_BxM: jax.Array | None,
+                 raw_BxR: jax.Array | None) -> jax.Array:
+  """The ridge part's dense inputs: the scaled numbers, the raw ones and
+  the missing flags, side by side (meshfit/ridge.py fits on the same)."""
+  parts = [numbers_BxN]
+  for extra in (raw_BxR, missing_BxM):
+    if extra is not None and extra.shape[1]:
+      parts.append(extra)
+  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)

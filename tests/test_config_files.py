@@ -6,6 +6,7 @@ import pytest
 
 from configs import default
 from meshfit import config as config_lib, config_files
+from meshfit.errors import UsageError
 
 
 @pytest.mark.parametrize('saved, num_devices, per_process, expected', [
@@ -36,3 +37,21 @@ def test_a_saved_config_without_newer_keys_gets_their_defaults(tmp_path):
   assert loaded.plots is True
   assert loaded.dataset.resident_table_mb == 1024
   assert tuple(loaded.model.hidden_sizes) == (7,)  # what was saved stays
+
+
+def test_a_checkpoint_older_than_a_key_resumes_only_at_its_default():
+  # A run trained before model.ridge_blend existed had no ridge parts:
+  # resuming it with the key at its default is the same model, with
+  # ridge_blend=True another one (its state would not even restore).
+  trained = config_lib.parse(default.get_config()).to_dict()
+  del trained['model']['ridge_blend']
+  config_files.check_resume_compatible(
+      trained, config_lib.parse(default.get_config()), step=40)
+  changed = default.get_config()
+  changed.model.ridge_blend = True
+  changed.dataset.validation_fraction = 0.2
+  trained['dataset']['validation_fraction'] = 0.2
+  with pytest.raises(UsageError, match=r'model.ridge_blend \(checkpoint '
+                     r'False, now True\)'):
+    config_files.check_resume_compatible(trained, config_lib.parse(changed),
+                                         step=40)

@@ -176,11 +176,12 @@ def test_a_diverging_member_is_left_out_and_the_others_train_on(
 
 def _cross_fit_config(data_dir):
   """Four members in two bags of two folds, two learning rates, the best
-  bag chosen out of fold."""
+  bag chosen out of fold and blended with its ridge parts."""
   config = _ensemble_config(data_dir)
   config.dataset.validation_fraction = 0.0
   config.dataset.validation_folds = 2
   config.model.likelihood = 'squared_error'
+  config.model.ridge_blend = True
   config.sweep.select = 'best'
   config.num_train_steps = 40
   return config
@@ -216,7 +217,13 @@ def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
     state = runtime.restore(ckpt, setup, 40)
   finally:
     ckpt.close()
-  mean, _ = runtime.member_outputs(setup, state, train.x_NxF, 512)
+  network, _, ridge_part = runtime.member_parts(setup, state, train.x_NxF,
+                                                512)
+  # Each member predicts its network blended with its ridge part, by the
+  # weight step 40 chose (the same in every member).
+  weight = np.asarray(state.params['ridge']['weight'])
+  assert 0 < weight[0, 0] <= 1 and (weight == weight[0]).all()
+  mean = network + weight[:, None] * (ridge_part - network)
   stats = state.stats
   z = (train.y_NxT - np.asarray(stats.y_mean_T)) / np.asarray(stats.y_std_T)
   fold = splits.validation_fold_N

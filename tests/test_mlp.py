@@ -15,7 +15,7 @@ from meshfit import (config as config_lib, optim, runtime, sharding,
                      state as state_lib, steps)
 from meshfit.errors import UsageError
 from meshfit.features import FeatureStats, InputLayout
-from models import mlp
+from models import mlp, ridge as ridge_model
 from models.mlp import Mlp, MlpConfig
 
 
@@ -359,45 +359,84 @@ def test_categories_of_few_codes_enter_one_hot_the_others_embedded():
   assert layout.shape.width(embedded) == 1 + 2 * 3
 
 
-def test_linear_head_adds_a_linear_map_of_the_encoded_inputs():
-  layout = InputLayout.of((0, 0, 6), (True, False, False), 'standardize')
-  deep_config = mlp.MlpConfig(hidden_sizes=(8, 8), category_embedding_dim=3)
-  wide_config = dataclasses.replace(deep_config, linear_head=True)
-  deep = state_lib.Architecture(deep_config, layout, num_targets=2).build(0)
-  wide = state_lib.Architecture(wide_config, layout, num_targets=2).build(0)
-  width = layout.shape.width(wide_config)
-  assert wide.wide.kernel.shape == (width, 2) and deep.wide is None
+def test_a_ridge_part_is_a_linear_map_blended_into_the_prediction():
+  # Numbers 2 (one with missing values), raw numbers, categories of 6 and 3.
+  layout = InputLayout.of((0, 0, 6, 3), (True, False, False, False),
+                          'standardize', raw_numbers=True)
+  plain_config = mlp.MlpConfig(hidden_sizes=(8, 8), category_embedding_dim=3)
+  config = dataclasses.replace(plain_config, ridge_blend=True)
+  plain = state_lib.Architecture(plain_config, layout, num_targets=2).build(0)
+  model = state_lib.Architecture(config, layout, num_targets=2).build(0)
+  assert plain.ridge is None
+  # Dense inputs: 2 numbers, 2 raw, 1 flag; both categories one-hot (9
+  # codes, padded to 64 rows).
+  assert model.ridge.kernel.shape == (5, 2)
+  assert model.ridge.table.shape == (64, 2)
+  assert model.ridge_categories == (0, 1)
+  # The optimizer leaves the ridge part out by this name.
+  assert mlp.FITTED in nnx.to_pure_dict(nnx.state(model, nnx.Param))
   numbers = jax.random.normal(jax.random.key(3), (5, 2))
+  raw = jax.random.normal(jax.random.key(4), (5, 2))
   missing = jnp.array([[0.], [1.], [0.], [0.], [1.]])
-  codes = jnp.array([[0], [1], [2], [3], [4]], jnp.int32)
-  # Zero at initialisation: the same network as without it.
-  np.testing.assert_array_equal(wide(numbers, missing, codes),
-                                deep(numbers, missing, codes))
-  # Then the output moves by exactly the first layer's input times its
-  # kernel: the numbers, the flag and the category's embedding.
-  kernel_Wx2 = jax.random.normal(jax.random.key(4), (width, 2))
-  wide.wide.kernel[...] = kernel_Wx2
-  table = np.asarray(wide.categories.table[...])
-  x_BxW = np.concatenate([np.asarray(numbers), np.asarray(missing),
-                          table[np.asarray(codes[:, 0])]], axis=1)
+  codes = jnp.array([[0, 2], [1, 0], [2, 1], [5, 2], [4, 1]], jnp.int32)
+  args = (numbers, missing, codes, raw)
+  # Built from no key and zero: the network is the one without it, and an
+  # unfitted ridge part changes no prediction.
+  np.testing.assert_array_equal(model(*args), plain(*args))
+  np.testing.assert_array_equal(model(*args, blended=True), plain(*args))
+  kernel = np.asarray(jax.random.normal(jax.random.key(5), (5, 2)))
+  table = np.asarray(jax.random.normal(jax.random.key(6), (64, 2)))
+  model.ridge.kernel[...] = kernel
+  model.ridge.table[...] = table
+  model.ridge.bias[...] = jnp.array([0.5, -1.0])
+  dense = np.concatenate([np.asarray(numbers), np.asarray(raw),
+                          np.asarray(missing)], axis=1)
+  codes_np = np.asarray(codes)
+  want = (dense @ kernel + table[codes_np[:, 0]] + table[6 + codes_np[:, 1]]
+          + np.array([0.5, -1.0]))
+  np.testing.assert_allclose(model.ridge_part(*args), want, rtol=1e-5,
+                             atol=1e-5)
+  # Training fits the network alone; the prediction blends by the weight.
+  network = np.asarray(model(*args))
+  np.testing.assert_array_equal(network, plain(*args))
+  model.ridge.weight[...] = jnp.array([0.25, 1.0])
   np.testing.assert_allclose(
-      wide(numbers, missing, codes) - deep(numbers, missing, codes),
-      x_BxW @ np.asarray(kernel_Wx2), rtol=1e-5, atol=1e-5)
-  # Its kernel is named like the first layer's input and the head's output,
-  # so the sharding rules place it (replicated over 'model' here).
+      model(*args, blended=True),
+      network + np.array([0.25, 1.0]) * (want - network), rtol=1e-5,
+      atol=1e-5)
+  # Named like the embeddings: its table may split over 'model'.
   mesh = sharding.make_mesh(4, 2)
-  arch = state_lib.Architecture(
-      dataclasses.replace(wide_config, hidden_sizes=(64, 64)), layout, 2)
+  arch = state_lib.Architecture(config, layout, 2)
   tx = optim.make_optimizer(
-      config_lib.parse(default.get_config()).optimizer, 100)
-  specs = state_lib.state_shardings(arch, tx, mesh).params
-  assert specs['wide']['kernel'].spec == jax.sharding.PartitionSpec(
-      'members', None, None)
+      config_lib.parse(default.get_config()).optimizer, 100, fitted=True)
+  specs = state_lib.state_shardings(arch, tx, mesh).params[mlp.FITTED]
+  P = jax.sharding.PartitionSpec
+  assert specs['table'].spec == P('members', 'model', None)
+  assert specs['kernel'].spec == P('members', None, None)
 
 
-def test_linear_head_must_be_a_bool():
+def test_the_ridge_part_takes_the_smallest_categories_that_fit():
+  dense = ridge_model.MAX_INPUTS - 30
+  # Room for 30 codes: 5 and 15 fit (20), then 20 would not (40).
+  assert ridge_model.categories_taken(dense, (900, 20, 15, 5)) == (2, 3)
+  assert ridge_model.categories_taken(dense, (900, 10, 15, 5)) == (1, 2, 3)
+  assert ridge_model.categories_taken(0, (3, 4)) == (0, 1)
+  assert ridge_model.categories_taken(ridge_model.MAX_INPUTS, (3,)) == ()
+
+
+def test_ridge_blend_must_be_a_bool_and_needs_validation_and_values():
   raw = default.get_config().to_dict()
-  raw['model']['linear_head'] = 'yes'
+  raw['model']['ridge_blend'] = 'yes'
   with pytest.raises(UsageError,
-                     match=r"model.linear_head='yes' must be True or False"):
+                     match=r"model.ridge_blend='yes' must be True or False"):
+    config_lib.parse(raw)
+  raw['model']['ridge_blend'] = True
+  with pytest.raises(UsageError, match=r'weighs the ridge part on validation'
+                     r' rows; set dataset.validation_fraction'):
+    config_lib.parse(raw)
+  raw['dataset']['validation_fraction'] = 0.2
+  assert config_lib.parse(raw).model.ridge_blend
+  raw['model']['likelihood'] = 'gaussian'
+  with pytest.raises(UsageError, match=r"model.likelihood='gaussian' "
+                     'predicts distributions; set model.ridge_blend=False'):
     config_lib.parse(raw)

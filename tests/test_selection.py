@@ -123,3 +123,51 @@ def test_a_bag_with_a_diverged_member_is_left_out_whole():
   np.testing.assert_allclose(choice.weights_M, [0.5, 0.5, 0, 0])
   assert math.isfinite(choice.loss)
   assert math.isinf(choice.member_losses_M[2])
+
+
+def test_the_blend_weighs_ridge_parts_against_the_networks():
+  rng = np.random.default_rng(1)
+  z = rng.normal(size=(N, 2))
+  network = z + 0.5 * rng.normal(size=(N, 2))
+  ridge = z + 0.5 * rng.normal(size=(N, 2))
+  # Target 0: the ridge parts are exact; target 1: the networks are.
+  ridge[:, 0], network[:, 1] = z[:, 0], z[:, 1]
+  mean, var = network[None].repeat(2, axis=0), np.zeros((2, N, 2))
+  choice = selection.choose('all', mean, var, z, False)
+  blended = selection.blend(choice, mean, ridge[None].repeat(2, axis=0), z)
+  np.testing.assert_allclose(blended.ridge_weight_T, [1.0, 0.0], atol=1e-12)
+  assert blended.loss == pytest.approx(0.0, abs=1e-12)
+  assert choice.loss > 0.1  # the networks' own loss, before the blend
+  # Two equally good, independent predictors: about half each, and a
+  # lower loss than either alone (the line search's minimum).
+  network, ridge = (z + 0.5 * rng.normal(size=(N, 2)) for _ in range(2))
+  blended = selection.blend(choice, network[None].repeat(2, axis=0),
+                            ridge[None].repeat(2, axis=0), z)
+  assert np.all(np.abs(blended.ridge_weight_T - 0.5) < 0.15)
+  for alone in (network, ridge):
+    assert blended.loss < np.mean((alone - z)**2)
+  w = blended.ridge_weight_T
+  assert blended.loss == pytest.approx(
+      np.mean((network + w * (ridge - network) - z)**2))
+  assert blended.to_json()['ridge_weight'] == pytest.approx(list(w))
+  assert 'ridge part ' in blended.describe()
+
+
+def test_the_blend_of_cross_fitted_members_is_weighed_out_of_fold():
+  # Three folds, one bag. Each member's ridge part is exact on the rows
+  # it trained on (which must not count) and noisy on its own fold; its
+  # network the reverse, a little noisy on its own fold.
+  rng = np.random.default_rng(2)
+  z = rng.normal(size=(N, T))
+  fold_N = rng.integers(0, 3, N)
+  network = np.repeat(z[None], 3, axis=0) + 9.0
+  ridge = np.repeat(z[None], 3, axis=0)
+  for m in range(3):
+    own = fold_N == m
+    network[m, own] = z[own] + 0.1 * rng.normal(size=(own.sum(), T))
+    ridge[m, own] = z[own] + 1.0 * rng.normal(size=(own.sum(), T))
+  choice = selection.choose('all', network, np.zeros_like(network), z, False,
+                            fold_N, folds=3)
+  blended = selection.blend(choice, network, ridge, z, fold_N, folds=3)
+  assert blended.ridge_weight_T[0] < 0.05
+  assert blended.loss <= choice.loss < 0.02

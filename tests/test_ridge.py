@@ -1,0 +1,224 @@
+"""The members' ridge parts: their closed-form fit, penalty and placement."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from configs import default
+from input_pipeline.tables import Table, generated_plan
+from meshfit import (config as config_lib, data, optim, ridge, runtime,
+                     state as state_lib)
+from meshfit.features import FeatureStats, InputLayout
+from models import mlp
+
+N = 600
+
+
+def _table(seed: int = 0, noise: float = 0.3, signal: float = 1.0):
+  """Two numbers (the second missing in a tenth of the rows) and a
+  category of codes 2..5 (6 codes: unknown, missing and four values)."""
+  rng = np.random.default_rng(seed)
+  x_NxF = np.concatenate([rng.normal(size=(N, 2)),
+                          rng.integers(2, 6, size=(N, 1))], axis=1)
+  x_NxF[rng.random(N) < 0.1, 1] = np.nan
+  y_N = signal * (2 * x_NxF[:, 0] + 1.5 * (x_NxF[:, 2] == 3)
+                  - np.nan_to_num(x_NxF[:, 1])) + noise * rng.normal(size=N)
+  layout = InputLayout.of((0, 0, 6), (False, True, False), 'quantile',
+                          raw_numbers=True)
+  x_NxF, y_NxT = x_NxF.astype(np.float32), y_N[:, None].astype(np.float32)
+  stats = FeatureStats.fit(layout, x_NxF, y_NxT)
+  z_NxT = (y_NxT.astype(np.float64) - stats.y_mean_T) / stats.y_std_T
+  return layout, stats, x_NxF, y_NxT, z_NxT
+
+
+def _direct(design_NxD, z_NxT, train_N, penalty):
+  """The ridge solution by a plain solve: mean squared error plus penalty
+  |w|^2, the intercept unpenalised."""
+  x, z = design_NxD[train_N], z_NxT[train_N]
+  mean_x, mean_z = x.mean(axis=0), z.mean(axis=0)
+  xc = x - mean_x
+  w = np.linalg.solve(xc.T @ xc / len(x) + penalty * np.eye(x.shape[1]),
+                      xc.T @ (z - mean_z) / len(x))
+  return w, mean_z - mean_x @ w
+
+
+def test_each_fold_is_the_ridge_solution_and_scored_out_of_fold():
+  layout, stats, x, _, z = _table()
+  fold_N = np.random.default_rng(1).integers(0, 4, N)
+  fit = ridge.fit(stats, layout, x, z, fold_N, fits=4)
+  design = ridge.design(stats, layout, x)
+  # 2 quantile-scaled numbers, 2 raw, 1 flag; then 6 one-hot codes.
+  assert design.shape == (N, 11)
+  assert fit.kernel_KxDxT.shape == (4, 5, 1)
+  assert fit.table_KxVxT.shape == (4, 6, 1)
+  np.testing.assert_array_equal(design[:, 5:].sum(axis=1), 1.0)
+  sse = 0.0
+  for k in range(4):
+    w, b = _direct(design, z, fold_N != k, fit.penalty_T[0])
+    got = np.concatenate([fit.kernel_KxDxT[k], fit.table_KxVxT[k]])
+    np.testing.assert_allclose(got, w, atol=1e-7)
+    np.testing.assert_allclose(fit.bias_KxT[k], b, atol=1e-7)
+    own = fold_N == k
+    sse += np.sum((design[own] @ got + fit.bias_KxT[k] - z[own])**2)
+  # Its validation score is each row predicted by the fit that left it out.
+  assert fit.validation_mse_T[0] == pytest.approx(sse / N, rel=1e-9)
+  assert fit.validation_mse_T[0] < 0.05  # the table is linear in these
+  assert fit.rows == N
+
+
+def test_the_penalty_is_the_one_the_left_out_rows_score_best():
+  layout, stats, x, _, z = _table()
+  fold_N = np.arange(N) % 3
+  design = ridge.design(stats, layout, x)
+  chosen = ridge.fit(stats, layout, x, z, fold_N, fits=3)
+
+  def score(penalty):
+    total = 0.0
+    for k in range(3):
+      w, b = _direct(design, z, fold_N != k, penalty)
+      total += np.sum((design[fold_N == k] @ w + b - z[fold_N == k])**2)
+    return total / N
+  scores = [score(p) for p in ridge.PENALTIES]
+  assert chosen.penalty_T[0] == ridge.PENALTIES[int(np.argmin(scores))]
+  assert chosen.validation_mse_T[0] == pytest.approx(min(scores), rel=1e-6)
+  # A target that is noise alone is best predicted by its mean: the
+  # largest penalty, and weights near zero.
+  layout, stats, x, _, z = _table(signal=0.0, noise=1.0)
+  noise = ridge.fit(stats, layout, x, z, fold_N, fits=3)
+  assert noise.penalty_T[0] >= 1.0
+  assert np.abs(noise.kernel_KxDxT).max() < 0.1
+
+
+def test_held_out_rows_score_the_fit_and_never_train_it():
+  layout, stats, x, y, _ = _table()
+  plan = generated_plan(3, 1)
+  train, held = np.arange(N) < 450, np.arange(N) >= 450
+  splits = data.Splits(Table(x[train], y[train], plan),
+                       Table(x[held], y[held], plan),
+                       validation=Table(x[held], y[held], plan))
+  fit, fits = ridge.fit_splits(stats, layout, splits)
+  assert fits == 1 and fit.rows == N
+  z = (y.astype(np.float64) - stats.y_mean_T) / stats.y_std_T
+  design = ridge.design(stats, layout, x)
+  w, b = _direct(design, z, train, fit.penalty_T[0])
+  np.testing.assert_allclose(
+      np.concatenate([fit.kernel_KxDxT[0], fit.table_KxVxT[0]]), w,
+      atol=1e-7)
+  predicted = design[held] @ w + b
+  assert fit.validation_mse_T[0] == pytest.approx(
+      np.mean((predicted - z[held])**2), rel=1e-6)
+
+
+def test_members_take_the_fit_of_the_rows_they_train_on():
+  layout, stats, x, y, _ = _table()
+  plan = generated_plan(3, 1)
+  folds = 3
+  table = Table(x, y, plan)
+  splits = data.cross_fit(data.Splits(table, table), folds, seed=0,
+                          resident_table_mb=1024)
+  raw = default.get_config()
+  raw.model.hidden_sizes = (8,)
+  raw.model.ensemble_size = 6
+  raw.model.ridge_blend = True
+  raw.dataset.validation_folds = folds
+  config = config_lib.parse(raw)
+  setup = runtime.make_setup(config, layout, 1)
+  state = state_lib.create_train_state(setup.arch, setup.tx, setup.mesh, 0,
+                                       stats, optim.Hyperparameters.of(config))
+  fitted = ridge.fit_into(state, setup, splits)
+  fit, _ = ridge.fit_splits(stats, layout, splits)
+  part = jax.device_get(fitted.params[mlp.FITTED])
+  for m in range(6):  # member m left out fold m % 3
+    np.testing.assert_array_equal(part['kernel'][m],
+                                  fit.kernel_KxDxT[m % folds].astype(np.float32))
+    np.testing.assert_array_equal(part['table'][m, :6],
+                                  fit.table_KxVxT[m % folds].astype(np.float32))
+  assert not part['table'][:, 6:].any()  # the padding rows
+  assert not part['weight'].any()  # weighed at the first evaluation
+  # Placed where the state's shardings put them; the network untouched.
+  assert (fitted.params[mlp.FITTED]['kernel'].sharding
+          == setup.shardings.params[mlp.FITTED]['kernel'])
+  for name in ('head', 'hidden'):
+    jax.tree.map(np.testing.assert_array_equal,
+                 jax.device_get(state.params[name]),
+                 jax.device_get(fitted.params[name]))
+  weighed = ridge.with_weight(fitted, np.array([0.25]), setup.shardings)
+  np.testing.assert_array_equal(
+      jax.device_get(weighed.params[mlp.FITTED]['weight']),
+      np.full((6, 1), 0.25, np.float32))
+  assert runtime.ridge_weights(weighed, table) == {'y': 0.25}
+
+
+def test_a_table_without_numbers_fits_its_categories():
+  rng = np.random.default_rng(3)
+  codes = rng.integers(2, 5, size=(N, 2)).astype(np.float32)
+  y = (codes[:, :1] == 3) * 2.0 + 0.1 * rng.normal(size=(N, 1))
+  layout = InputLayout.of((5, 5), (False, False), 'standardize')
+  stats = FeatureStats.fit(layout, codes, y.astype(np.float32))
+  z = (y - stats.y_mean_T) / stats.y_std_T
+  fit = ridge.fit(stats, layout, codes, z, np.arange(N) % 2, fits=2)
+  assert fit.kernel_KxDxT.shape == (2, 0, 1)
+  assert fit.table_KxVxT.shape == (2, 10, 1)
+  assert fit.validation_mse_T[0] < 0.02
+
+
+def test_the_optimizer_leaves_the_ridge_part_alone():
+  params = {'head': {'kernel': np.ones(3)},
+            mlp.FITTED: {'kernel': np.ones(2), 'weight': np.ones(1)}}
+  mask = optim.trained(params)
+  assert mask == {'head': {'kernel': True},
+                  mlp.FITTED: {'kernel': False, 'weight': False}}
+  raw = default.get_config()
+  raw.optimizer.name = 'adamw'
+  raw.optimizer.weight_decay = 0.5
+  opt = config_lib.parse(raw).optimizer
+  tx = optim.make_optimizer(dataclasses.replace(opt, schedule='constant'),
+                            10, fitted=True)
+  grads = jax.tree.map(np.zeros_like, params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  # Decay shrinks the network's weights, never the fitted ones.
+  assert np.all(updates['head']['kernel'] < 0)
+  assert not np.any(updates[mlp.FITTED]['kernel'])
+  assert not np.any(updates[mlp.FITTED]['weight'])
+
+
+def test_training_moves_the_network_alike_and_the_ridge_part_never(
+    small_config, tmp_path):
+  from meshfit import checkpointing, loop, writers  # noqa: PLC0415
+  small_config.dataset.validation_fraction = 0.2
+  small_config.optimizer.name = 'adamw'
+  small_config.optimizer.weight_decay = 0.1
+  small_config.plots = False
+  runs = {}
+  for blend in (False, True):
+    small_config.model.ridge_blend = blend
+    workdir = str(tmp_path / str(blend))
+    final = loop.train_and_evaluate(small_config, workdir)
+    records = writers.read_jsonl(f'{workdir}/metrics.jsonl')
+    runs[blend] = (workdir, final, records)
+  losses = {b: [r['train/loss'] for r in runs[b][2] if 'train/loss' in r]
+            for b in runs}
+  # The network fits the same targets from the same start: bit for bit.
+  assert losses[True] == losses[False] and len(losses[True]) == 6
+  workdir, final, records = runs[True]
+  assert 0 < final['ridge_weight']['y'] <= 1
+  assert [r['val/ridge_weight'] for r in records if 'val/ridge_weight' in r]
+  assert 'ridge_weight' not in runs[False][1]
+  # The last checkpoint's ridge part is still the closed-form fit.
+  parsed = config_lib.parse(small_config)
+  splits = data.load_splits(parsed.dataset, parsed.seed)
+  train = splits.train
+  layout = InputLayout.of(train.plan.input_categories, train.missing_I,
+                          parsed.dataset.numeric_scaling)
+  setup = runtime.make_setup(parsed, layout, train.num_targets)
+  ckpt = checkpointing.Checkpointer(workdir)
+  try:
+    state = runtime.restore(ckpt, setup, 60)
+  finally:
+    ckpt.close()
+  fit, _ = ridge.fit_splits(jax.device_get(state.stats), layout, splits)
+  np.testing.assert_array_equal(
+      jax.device_get(state.params[mlp.FITTED]['kernel'])[0],
+      fit.kernel_KxDxT[0].astype(np.float32))
