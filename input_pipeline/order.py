@@ -81,8 +81,9 @@ class Blocks:
   stop: np.ndarray
 
   @classmethod
-  def of_table(cls, num_rows: int) -> 'Blocks':
-    r = block_rows(num_rows)
+  def of_table(cls, num_rows: int, rows: int | None = None) -> 'Blocks':
+    """The table's blocks of `rows` rows (default `block_rows(num_rows)`)."""
+    r = block_rows(num_rows) if rows is None else rows
     start = np.arange(0, num_rows, r, dtype=np.int64)
     return cls(start, np.minimum(start + r, num_rows))
 
@@ -137,12 +138,13 @@ def hold_out_blocks(num_rows: int, fraction: float, seed: int, stream: int
       np.flatnonzero(chosen))
 
 
-def fold_blocks(num_rows: int, folds: int, seed: int, stream: int
-                ) -> list[Blocks] | None:
-  """The table's blocks dealt into `folds` folds of as equal a size as the
-  blocks allow, drawn from (seed, stream), each fold's blocks in table
-  order; None if some fold would be empty."""
-  blocks = Blocks.of_table(num_rows)
+def fold_blocks(num_rows: int, folds: int, seed: int, stream: int,
+                rows: int | None = None) -> list[Blocks] | None:
+  """The table's blocks (of `rows` rows; default `block_rows`) dealt into
+  `folds` folds of as equal a size as the blocks allow, drawn from (seed,
+  stream), each fold's blocks in table order; None if some fold would be
+  empty."""
+  blocks = Blocks.of_table(num_rows, rows)
   n = len(blocks)
   if n < folds:
     return None

@@ -42,9 +42,10 @@ class Splits:
     train_blocks: the blocks of `train` trained on (those not held out);
       None: all of it.
     folds: cross-fitting (`dataset.validation_folds`): the training rows
-      dealt into folds; member m trains on every fold but fold m % F.
-      `validation` is then the whole training table and `validation_fold_N`
-      the fold of each of its rows.
+      dealt into folds (a block per row); member m trains on every fold but
+      fold m % F. `validation` is then the whole training table,
+      `validation_fold_N` the fold of each of its rows and `train_blocks`
+      every row.
     validation_fold_N: with folds, each validation row's fold.
   """
   train: Table | Store
@@ -169,15 +170,22 @@ def cross_fit(splits: Splits, folds: int, seed: int,
         f' MiB, over dataset.resident_table_mb={resident_table_mb}; validate '
         'on a fraction of it instead (dataset.validation_folds=0, '
         'dataset.validation_fraction=0.01) or raise the limit')
-  dealt = fold_blocks(train.num_examples, folds, seed, _VALIDATION_STREAM)
+  # Rows, not blocks of consecutive rows, are dealt: the table is in memory,
+  # and a file sorted by time or group would otherwise hold out whole runs
+  # of neighbouring rows, a validation that depends on the file's order and
+  # judges unlike a random split (storms, 6-hourly tracks in file order:
+  # test RMSE 3.0 with 8-row blocks against 2.5 with its rows shuffled).
+  dealt = fold_blocks(train.num_examples, folds, seed, _VALIDATION_STREAM,
+                      rows=1)
   if dealt is None:
     raise DataError(f'the training split has {train.num_examples} rows: too '
                     f'few to deal into {folds} folds; give more rows or set '
                     'dataset.validation_folds=0')
   fold_N = np.empty(train.num_examples, np.int32)
   for f, blocks in enumerate(dealt):
-    fold_N[blocks.rows()] = f
+    fold_N[blocks.start] = f
   return dataclasses.replace(splits, validation=train, folds=tuple(dealt),
+                             train_blocks=Blocks.union(dealt),
                              validation_fold_N=fold_N)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
 from input_pipeline.order import Blocks, ExampleOrder, Prefetcher
+from input_pipeline.tables import Table
 from meshfit import sharding
 
 Chunk = dict[str, jax.Array | np.ndarray]
@@ -256,9 +257,14 @@ class _Windows:
     if key not in self._cache:
       order = self._order
       blocks = order.window_blocks(epoch, lane, window)
-      rows = np.concatenate([
-          self._table.read_rows(int(order.blocks.start[b]),
-                                int(order.blocks.stop[b])) for b in blocks])
+      if isinstance(self._table, Table):  # in memory: one gather
+        index = order.blocks.take(blocks).rows()
+        rows = np.concatenate([self._table.x_NxF[index],
+                               self._table.y_NxT[index]], axis=1)
+      else:
+        rows = np.concatenate([
+            self._table.read_rows(int(order.blocks.start[b]),
+                                  int(order.blocks.stop[b])) for b in blocks])
       self._cache[key] = rows[order.shuffle_windows(epoch, [blocks])[0]]
     return self._cache[key]
 
