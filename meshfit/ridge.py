@@ -29,10 +29,10 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from input_pipeline.tables import Table
-from meshfit import data, features
+from meshfit import data, features, runtime
 from meshfit.features import FeatureStats, InputLayout
-from models import mlp, ridge as ridge_model
+from meshfit.state import TrainState
+from models import mlp
 
 # The fit reads at most this many rows (of the training table, and of the
 # validation rows): every k-th row beyond it. A linear model of up to
@@ -214,7 +214,8 @@ def fit_splits(stats: FeatureStats, layout: InputLayout, splits: data.Splits
   return fit(stats, layout, x, z, groups, fits), fits
 
 
-def fit_into(state, setup, splits: data.Splits):
+def fit_into(state: TrainState, setup: runtime.Setup, splits: data.Splits
+             ) -> TrainState:
   """`state` (a fresh one) with every member's ridge part fitted.
 
   Every process fits from its own copy of the rows; process 0's result is
@@ -251,9 +252,10 @@ def fit_into(state, setup, splits: data.Splits):
   return state.replace(params={**state.params, mlp.FITTED: part})
 
 
-def with_weight(state, weight_T: np.ndarray, shardings):
+def with_weight(state: TrainState, weight_T: np.ndarray,
+                shardings: TrainState) -> TrainState:
   """`state` with the ridge parts' weight in the blend set to `weight_T`
-  in every member."""
+  in every member (placed by `shardings`, the state's)."""
   members = state.weights_M.shape[0]
   weight = jax.device_put(
       np.broadcast_to(np.asarray(weight_T, np.float32),
