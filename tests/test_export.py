@@ -120,6 +120,8 @@ def _train_mixed(tmp) -> str:
   config.dataset.eval_path = str(tmp / 'mixed_eval.csv')
   config.dataset.target_columns = ('price',)
   config.num_train_steps = 150
+  # Its members' ridge parts go into the artifacts too.
+  config.model.ridge_blend = True
   config.plots = False
   workdir = str(tmp / 'mixed_run')
   loop.train_and_evaluate(config, workdir)

@@ -77,6 +77,34 @@ def test_the_best_step_is_kept_beside_the_newest_and_used(penguins_run):
   assert result['rmse'] == pytest.approx(final['rmse'], rel=1e-6)
 
 
+def test_a_ridge_blend_is_weighed_and_carried_by_the_best_checkpoint(
+    tmp_path):
+  config = _penguins(tmp_path, **{'model.ridge_blend': True,
+                                  'num_train_steps': 100,
+                                  'eval_every_steps': 10})
+  workdir = str(tmp_path / 'run')
+  final = loop.train_and_evaluate(config, workdir)
+  records = writers.read_jsonl(os.path.join(workdir, 'metrics.jsonl'))
+  chosen = {r['step']: r['val/ridge_weight'] for r in records
+            if 'val/ridge_weight' in r}
+  assert len(set(chosen.values())) > 1  # weighed anew at every evaluation
+  # The weight the best step chose, which its checkpoint carries to eval
+  # and predict (their RMSE agrees with the run's).
+  weight = final['ridge_weight']['body_mass_g']
+  assert 0 < weight <= 1 and weight == pytest.approx(chosen[final['step']],
+                                                     rel=1e-6)
+  result = evaluate.evaluate(config, workdir)
+  assert result['ridge_weight'] == final['ridge_weight']
+  assert result['rmse'] == pytest.approx(final['rmse'], rel=1e-6)
+  test = os.path.join(PENGUINS, 'penguins_test.csv')
+  predict.predict(config, workdir, test, str(tmp_path / 'out.csv'))
+  rows = pd.read_csv(test)
+  scored = rows['body_mass_g'].notna()
+  predicted = pd.read_csv(tmp_path / 'out.csv')['body_mass_g_pred']
+  assert np.sqrt(np.mean((predicted[scored] - rows['body_mass_g'][scored])
+                         **2)) == pytest.approx(final['rmse'], rel=1e-5)
+
+
 def test_every_input_row_is_predicted(penguins_run, tmp_path):
   config, workdir, _ = penguins_run
   rows = pd.read_csv(os.path.join(PENGUINS, 'penguins_test.csv')).head(6)
