@@ -74,7 +74,8 @@ class Ridge(nnx.Module):
     # HIGHEST: a TPU's default float32 matmul rounds its operands to
     # bfloat16, which would undo the fit's precision.
     y_BxT = jnp.matmul(dense_BxD, self.kernel[...],
-                       precision=jax.lax.Precision.HIGHEST) + self.bias[...][None]
+                       precision=jax.lax.Precision.HIGHEST)
+    y_BxT = y_BxT + self.bias[...][None]
     if self.table is not None:
       rows_BxC = codes_BxC + jnp.asarray(self.offsets, codes_BxC.dtype)[None]
       y_BxT = y_BxT + jnp.take(self.table[...], rows_BxC, axis=0).sum(axis=1)

@@ -131,10 +131,11 @@ def test_members_take_the_fit_of_the_rows_they_train_on():
   fit, _ = ridge.fit_splits(stats, layout, splits)
   part = jax.device_get(fitted.params[mlp.FITTED])
   for m in range(6):  # member m left out fold m % 3
+    k = m % folds
     np.testing.assert_array_equal(part['kernel'][m],
-                                  fit.kernel_KxDxT[m % folds].astype(np.float32))
+                                  fit.kernel_KxDxT[k].astype(np.float32))
     np.testing.assert_array_equal(part['table'][m, :6],
-                                  fit.table_KxVxT[m % folds].astype(np.float32))
+                                  fit.table_KxVxT[k].astype(np.float32))
   assert not part['table'][:, 6:].any()  # the padding rows
   assert not part['weight'].any()  # weighed at the first evaluation
   # Placed where the state's shardings put them; the network untouched.
