@@ -24,6 +24,10 @@ _VALIDATION_STREAM = 0x5EED
 # Their sampling error is ~0.1% of a standard deviation; numpy's quantiles
 # of 2^20 rows took 3 of the 10 s to a 1M-row table's first step.
 STATS_ROWS = 1 << 18
+# Cross-fitting deals the training rows into folds in blocks of this many
+# consecutive rows. Checkpoints record it: a run whose folds were dealt
+# otherwise (meshfit before it dealt rows) does not resume on these.
+FOLD_ROWS = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,14 +180,14 @@ def cross_fit(splits: Splits, folds: int, seed: int,
   # judges unlike a random split (storms, 6-hourly tracks in file order:
   # test RMSE 3.0 with 8-row blocks against 2.5 with its rows shuffled).
   dealt = fold_blocks(train.num_examples, folds, seed, _VALIDATION_STREAM,
-                      rows=1)
+                      rows=FOLD_ROWS)
   if dealt is None:
     raise DataError(f'the training split has {train.num_examples} rows: too '
                     f'few to deal into {folds} folds; give more rows or set '
                     'dataset.validation_folds=0')
   fold_N = np.empty(train.num_examples, np.int32)
   for f, blocks in enumerate(dealt):
-    fold_N[blocks.start] = f
+    fold_N[blocks.rows()] = f
   return dataclasses.replace(splits, validation=train, folds=tuple(dealt),
                              train_blocks=Blocks.union(dealt),
                              validation_fold_N=fold_N)

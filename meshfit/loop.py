@@ -158,6 +158,14 @@ def _check_resumable(meta: dict, config: Config, splits: data.Splits,
         f'the training data {path!r} is not what the checkpoint of step '
         f'{step} in {ckpt.directory} was trained on (its content changed); '
         'restore that file to resume, or train into a new --workdir')
+  if splits.folds and meta.get('fold_rows') != data.FOLD_ROWS:
+    raise UsageError(
+        f'the checkpoint of step {step} in {ckpt.directory} was cross-fitted '
+        'on folds of consecutive rows (an older meshfit); this meshfit deals '
+        'single rows into folds, so its members would go on training on '
+        'rows they are validated on. Finish that run with the meshfit that '
+        'started it, or train into a new --workdir (eval and predict read '
+        'its checkpoints as they are)')
 
 
 def _train(config: Config, workdir: str, setup: runtime.Setup,
@@ -198,6 +206,7 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
       ckpt, watch, writer, setup.shardings, lambda: {
           'data_position': feed.position, 'config': config.to_dict(),
           'train_key': splits.train_key, 'validation': tracker.to_json(),
+          **({'fold_rows': data.FOLD_ROWS} if splits.folds else {}),
           **({'selection': evaluations.choice.to_json()}
              if evaluations.choice else {}),
           **runtime.model_meta(splits.train.plan, setup.arch.layout)},

@@ -154,6 +154,35 @@ def test_moved_training_data_resumes(penguins_run, tmp_path):
   assert max(r['step'] for r in records) == 350
 
 
+def test_a_run_cross_fitted_on_blocks_of_rows_does_not_resume(
+    penguins_run, tmp_path):
+  # A run an older meshfit started dealt its folds in blocks of consecutive
+  # rows, and its checkpoints do not say 'fold_rows': resumed here, its
+  # members would train on rows of their own validation fold.
+  config, workdir, _ = penguins_run
+  copy = str(tmp_path / 'run')
+  shutil.copytree(workdir, copy)
+  steps = os.listdir(os.path.join(copy, 'checkpoints'))
+  assert steps
+  for step in steps:
+    path = os.path.join(copy, 'checkpoints', step, 'meta', 'metadata')
+    with open(path) as f:
+      meta = json.load(f)
+    assert meta.pop('fold_rows') == 1
+    with open(path, 'w') as f:
+      json.dump(meta, f)
+  before = sorted(os.listdir(os.path.join(copy, 'checkpoints')))
+  config = config.copy_and_resolve_references()
+  config.num_train_steps = 350
+  with pytest.raises(UsageError, match=r'cross-fitted on folds of '
+                     r'consecutive rows .*Finish that run with the meshfit '
+                     r'that started it, or train into a new --workdir'):
+    loop.train_and_evaluate(config, copy)
+  assert sorted(os.listdir(os.path.join(copy, 'checkpoints'))) == before
+  # Its checkpoints still evaluate.
+  assert evaluate.evaluate(config, copy)['num_examples'] == 68
+
+
 def test_early_stopping_stops_and_a_rerun_trains_no_more(tmp_path):
   # The learning rate is far too high: the validation loss is best early
   # and never again, so two evaluations without improvement stop the run.
