@@ -34,6 +34,11 @@ RESUME_SAFE_KEYS = EVAL_KEYS + (
     'max_checkpoints_to_keep', 'steps_per_call',
     'dataset.resident_table_mb', 'profile_start_step', 'profile_num_steps')
 
+# Keys meshfit no longer has, each with the value that meant what meshfit
+# now does without it: a checkpoint trained with another value holds a model
+# this meshfit cannot restore.
+REMOVED_KEYS = {'model.linear_head': False}
+
 
 def flatten(config: Mapping[str, Any] | ml_collections.ConfigDict,
             prefix: str = '') -> dict[str, Any]:
@@ -159,6 +164,31 @@ def fit_saved_mesh(config: ml_collections.ConfigDict, num_devices: int,
     fitted = ml_collections.ConfigDict(config.to_dict())
     fitted.mesh.members, fitted.mesh.data, fitted.mesh.model = 1, -1, 1
     return fitted
+
+
+def check_known_keys(trained: Mapping[str, Any], step: int, directory: str
+                     ) -> None:
+  """Refuses a checkpoint whose config sets keys this meshfit lacks (a
+  removed feature in use, or a newer meshfit's).
+
+  Args:
+    trained: the config saved in the checkpoint (as a plain dict).
+    step: the checkpoint's step, for the message.
+    directory: where the checkpoints are, for the message.
+
+  Raises:
+    UsageError: naming every such key and its value.
+  """
+  known = flatten(default.get_config().to_dict())
+  saved = flatten(_tuples(dict(trained)))
+  unknown = sorted(k for k in saved.keys() - known.keys()
+                   if k not in REMOVED_KEYS or saved[k] != REMOVED_KEYS[k])
+  if unknown:
+    details = ', '.join(f'{k}={saved[k]!r}' for k in unknown)
+    raise UsageError(
+        f'the checkpoint of step {step} in {directory} was trained with '
+        f'{details}, which this meshfit does not have; use the meshfit that '
+        'trained it, or train into a new --workdir')
 
 
 def check_resume_compatible(trained: Mapping[str, Any], config: Config,

@@ -18,6 +18,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from input_pipeline.order import block_rows
 from input_pipeline.tables import Table
 from meshfit import (call_plan, checkpoint_policy, checkpointing,
                      compilation_cache, config as config_lib, config_files,
@@ -158,7 +159,10 @@ def _check_resumable(meta: dict, config: Config, splits: data.Splits,
         f'the training data {path!r} is not what the checkpoint of step '
         f'{step} in {ckpt.directory} was trained on (its content changed); '
         'restore that file to resume, or train into a new --workdir')
-  if splits.folds and meta.get('fold_rows') != data.FOLD_ROWS:
+  # A checkpoint without 'fold_rows' dealt the order's blocks into folds:
+  # those of a table under 2,048 rows are single rows, the same folds.
+  dealt = meta.get('fold_rows', block_rows(splits.train.num_examples))
+  if splits.folds and dealt != data.FOLD_ROWS:
     raise UsageError(
         f'the checkpoint of step {step} in {ckpt.directory} was cross-fitted '
         'on folds of consecutive rows (an older meshfit); this meshfit deals '

@@ -14,8 +14,9 @@ from jax.sharding import Mesh
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 from input_pipeline.tables import Table
-from meshfit import (checkpointing, feeding, in_flight, metrics, optim,
-                     sharding, state as state_lib, steps, uncertainty)
+from meshfit import (checkpointing, config_files, feeding, in_flight,
+                     metrics, optim, sharding, state as state_lib, steps,
+                     uncertainty)
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.features import InputLayout
@@ -90,7 +91,8 @@ def read_model(meta: dict, step: int, directory: str
   """The column plan and input layout a checkpoint's model was trained on.
 
   Raises:
-    UsageError: the checkpoint was written by an older meshfit.
+    UsageError: the checkpoint was written by an older meshfit, or with a
+      config key this one does not have.
   """
   if meta.get('format') != META_FORMAT:
     raise UsageError(
@@ -98,6 +100,7 @@ def read_model(meta: dict, step: int, directory: str
         f'older meshfit (checkpoint format {meta.get("format", 1)}, this '
         f'meshfit reads {META_FORMAT}); use that version of meshfit for it, '
         'or train into a new workdir')
+  config_files.check_known_keys(meta.get('config', {}), step, directory)
   layout = meta['layout']
   try:
     plan = ColumnPlan.from_json(meta['column_plan'])

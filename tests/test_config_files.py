@@ -55,3 +55,15 @@ def test_a_checkpoint_older_than_a_key_resumes_only_at_its_default():
                      r'False, now True\)'):
     config_files.check_resume_compatible(trained, config_lib.parse(changed),
                                          step=40)
+
+
+def test_a_checkpoint_with_keys_this_meshfit_lacks_is_named():
+  trained = config_lib.parse(default.get_config()).to_dict()
+  trained['model']['linear_head'] = False  # removed; False is what is now
+  config_files.check_known_keys(trained, 40, 'w/checkpoints')
+  trained['model']['linear_head'] = True
+  trained['optimizer']['lookahead'] = 5  # a key of some other meshfit
+  with pytest.raises(UsageError, match=r'step 40 in w/checkpoints was trained '
+                     r'with model.linear_head=True, optimizer.lookahead=5, '
+                     r'which this meshfit does not have'):
+    config_files.check_known_keys(trained, 40, 'w/checkpoints')

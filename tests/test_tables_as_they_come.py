@@ -154,33 +154,95 @@ def test_moved_training_data_resumes(penguins_run, tmp_path):
   assert max(r['step'] for r in records) == 350
 
 
-def test_a_run_cross_fitted_on_blocks_of_rows_does_not_resume(
+def _edit_checkpoints(workdir: str, edit) -> list[str]:
+  """Applies `edit` to the JSON meta of every checkpoint in `workdir` (as an
+  older meshfit would have written it); returns their steps, sorted."""
+  steps = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
+  assert steps
+  for step in steps:
+    path = os.path.join(workdir, 'checkpoints', step, 'meta', 'metadata')
+    with open(path) as f:
+      meta = json.load(f)
+    edit(meta)
+    with open(path, 'w') as f:
+      json.dump(meta, f)
+  return steps
+
+
+def _without_fold_rows(meta):
+  assert meta.pop('fold_rows') == 1
+
+
+def test_a_small_run_cross_fitted_by_an_older_meshfit_resumes(
     penguins_run, tmp_path):
-  # A run an older meshfit started dealt its folds in blocks of consecutive
-  # rows, and its checkpoints do not say 'fold_rows': resumed here, its
-  # members would train on rows of their own validation fold.
+  # An older meshfit dealt the order's blocks into folds and recorded no
+  # 'fold_rows'; a table under 2,048 rows has blocks of one row: the same
+  # folds, so its run goes on.
   config, workdir, _ = penguins_run
   copy = str(tmp_path / 'run')
   shutil.copytree(workdir, copy)
-  steps = os.listdir(os.path.join(copy, 'checkpoints'))
-  assert steps
-  for step in steps:
-    path = os.path.join(copy, 'checkpoints', step, 'meta', 'metadata')
-    with open(path) as f:
-      meta = json.load(f)
-    assert meta.pop('fold_rows') == 1
-    with open(path, 'w') as f:
-      json.dump(meta, f)
-  before = sorted(os.listdir(os.path.join(copy, 'checkpoints')))
+  _edit_checkpoints(copy, _without_fold_rows)
   config = config.copy_and_resolve_references()
   config.num_train_steps = 350
+  loop.train_and_evaluate(config, copy)
+  records = writers.read_jsonl(os.path.join(copy, 'metrics.jsonl'))
+  assert max(r['step'] for r in records) == 350
+
+
+def test_a_run_cross_fitted_on_blocks_of_rows_does_not_resume(tmp_path):
+  # 4,096 rows: an older meshfit dealt blocks of 4 consecutive rows into
+  # folds. Resumed here, its members would train on rows of their own new
+  # validation folds.
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(4096, 3))
+  pd.DataFrame({'a': x[:, 0], 'b': x[:, 1], 'c': x[:, 2],
+                'y': x @ [1.0, -2.0, 0.5]}).to_csv(tmp_path / 'train.csv',
+                                                   index=False)
+  config = _config(tmp_path, str(tmp_path / 'train.csv'),
+                   str(tmp_path / 'train.csv'), targets=('y',),
+                   num_train_steps=20, eval_every_steps=10,
+                   log_every_steps=10)
+  workdir = str(tmp_path / 'run')
+  loop.train_and_evaluate(config, workdir)
+  before = _edit_checkpoints(workdir, _without_fold_rows)
+  config.num_train_steps = 30
   with pytest.raises(UsageError, match=r'cross-fitted on folds of '
                      r'consecutive rows .*Finish that run with the meshfit '
                      r'that started it, or train into a new --workdir'):
+    loop.train_and_evaluate(config, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before
+  assert not os.path.exists(os.path.join(workdir, 'damaged_checkpoints'))
+  # Its checkpoints still evaluate.
+  assert evaluate.evaluate(config, workdir)['num_examples'] == 4096
+
+
+def test_a_model_of_a_removed_feature_is_named_not_called_damaged(
+    penguins_run, tmp_path):
+  # model.linear_head=True gave an older meshfit's members a wide path this
+  # meshfit has no parameters for: the state cannot restore, and must not
+  # be taken for damaged (set aside, training started again).
+  config, workdir, _ = penguins_run
+  copy = str(tmp_path / 'run')
+  shutil.copytree(workdir, copy)
+  before = _edit_checkpoints(
+      copy, lambda meta: meta['config']['model'].update(linear_head=True))
+  message = (r'trained with model.linear_head=True, which this meshfit does '
+             r'not have; use the meshfit that trained it')
+  with pytest.raises(UsageError, match=message):
+    evaluate.evaluate(config, copy)
+  with pytest.raises(UsageError, match=message):
+    predict.predict(config, copy, config.dataset.eval_path,
+                    str(tmp_path / 'out.csv'))
+  config = config.copy_and_resolve_references()
+  config.num_train_steps = 350
+  with pytest.raises(UsageError, match=message):
     loop.train_and_evaluate(config, copy)
   assert sorted(os.listdir(os.path.join(copy, 'checkpoints'))) == before
-  # Its checkpoints still evaluate.
-  assert evaluate.evaluate(config, copy)['num_examples'] == 68
+  assert not os.path.exists(os.path.join(copy, 'damaged_checkpoints'))
+  # At its old default it meant no wide path: the run resumes.
+  _edit_checkpoints(
+      copy, lambda meta: meta['config']['model'].update(linear_head=False))
+  loop.train_and_evaluate(config, copy)
 
 
 def test_early_stopping_stops_and_a_rerun_trains_no_more(tmp_path):
