@@ -207,9 +207,8 @@ def check_resume_compatible(trained: Mapping[str, Any], config: Config,
   # A checkpoint older than a key was trained as its default is now (keys
   # join configs/default.py with the value that does what meshfit did
   # before them): a run that sets another value is another model.
-  defaults = flatten(default.get_config().to_dict())
-  before = {**{k: v for k, v in defaults.items() if k in now},
-            **flatten(_tuples(dict(trained)))}
+  before = flatten(_with_defaults(_tuples(dict(trained)),
+                                  default.get_config().to_dict()))
   differing = sorted(k for k in before.keys() & now.keys()
                      if before[k] != now[k] and k not in RESUME_SAFE_KEYS)
   if differing:
