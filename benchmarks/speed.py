@@ -85,9 +85,10 @@ from configs import default  # noqa: E402
 from input_pipeline import tables  # noqa: E402
 from input_pipeline.tables import Table  # noqa: E402
 from meshfit import (call_plan, config as config_lib, data,  # noqa: E402
-                     feeding, in_flight, loop, optim, runtime, sharding,
+                     feeding, in_flight, loop, optim, sharding,
                      state as state_lib, steps)
 from meshfit.features import FeatureStats, InputLayout  # noqa: E402
+from meshfit.setup import make_setup  # noqa: E402
 from models import mlp  # noqa: E402
 
 SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
@@ -538,7 +539,7 @@ class _MeshfitParts:
     self.config = config_lib.parse(config)
     self.data, self.size, self.members = data, size, members
     self.layout = InputLayout.numbers(size.num_features)
-    self.setup = runtime.make_setup(self.config, self.layout,
+    self.setup = make_setup(self.config, self.layout,
                                     size.num_targets, mesh)
     self.stats = FeatureStats.fit(self.layout, data.x_NxF, data.y_NxT)
     self.state = state_lib.create_train_state(

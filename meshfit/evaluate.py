@@ -7,8 +7,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from meshfit import (checkpointing, compilation_cache, config as config_lib,
-                     data, optim, plots, runtime)
+from meshfit import (checkpointing, compilation_cache, config as config_lib, data, inference, optim, plots, reading)
+from meshfit.setup import make_setup
 from meshfit.config import Config
 from meshfit.files import atomic_write
 
@@ -42,19 +42,19 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   ckpt = checkpointing.Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.step_to_restore(step)
-    plan, layout = runtime.read_model(runtime.restore_meta(ckpt, step), step,
+    plan, layout = reading.read_model(reading.restore_meta(ckpt, step), step,
                                       ckpt.directory)
     table = data.load_eval_split(config.dataset, plan)
-    setup = runtime.make_setup(config, layout, len(plan.targets))
-    state = runtime.restore(ckpt, setup, step)
+    setup = make_setup(config, layout, len(plan.targets))
+    state = reading.restore(ckpt, setup, step)
   finally:
     ckpt.close()
-  scores = runtime.evaluate_table(setup, state, table, config.eval_batch_size)
+  scores = inference.evaluate_table(setup, state, table, config.eval_batch_size)
   result = {'step': step, 'split': config.dataset.eval_split, **scores}
   if state.num_members > 1:
-    result['members'] = runtime.members_summary(
+    result['members'] = inference.members_summary(
         state, optim.Hyperparameters.of(config))
-  weights = runtime.ridge_weights(state, table)
+  weights = inference.ridge_weights(state, table)
   if weights is not None:
     result['ridge_weight'] = weights
   if jax.process_index() == 0:
@@ -64,7 +64,7 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
       f.write('\n')
   if config.plots:
     # Every process takes part in the predictions; process 0 draws them.
-    pred_NxT = runtime.predict_table(setup, state, table.x_NxF,
+    pred_NxT = inference.predict_table(setup, state, table.x_NxF,
                                      config.eval_batch_size)['pred']
     if jax.process_index() == 0 and setup.distribution:
       levels = [float(level) for level in scores['coverage']]

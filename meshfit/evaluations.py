@@ -11,8 +11,8 @@ import jax
 import numpy as np
 from absl import logging
 
-from meshfit import (checkpointing, data, metrics, optim, ridge, runtime,
-                     selection, sharding, state as state_lib, steps, writers)
+from meshfit import (checkpointing, data, inference, metrics, optim, reading, ridge, selection, sharding, state as state_lib, steps, writers)
+from meshfit.setup import Setup
 from meshfit.config import Config
 from meshfit.validation import BestTracker
 
@@ -21,7 +21,7 @@ class Evaluations:
   """The loop's evaluations: the validation rows (which choose the members
   and the best step), then the eval split."""
 
-  def __init__(self, config: Config, setup: runtime.Setup,
+  def __init__(self, config: Config, setup: Setup,
                splits: data.Splits, writer: writers.AsyncWriter,
                tracker: BestTracker):
     self._config, self._setup, self._splits = config, setup, splits
@@ -41,7 +41,7 @@ class Evaluations:
     self._out_of_fold: dict | None = None
 
   def _evaluate(self, state, table) -> dict:
-    return runtime.evaluate_table(self._setup, state, table,
+    return inference.evaluate_table(self._setup, state, table,
                                   self._config.eval_batch_size, self._step)
 
   def _choose(self, step: int, state: state_lib.TrainState
@@ -50,7 +50,7 @@ class Evaluations:
     weights `sweep.select` gives them (and, with ridge parts, their
     weight in the blend)."""
     validation = self._splits.validation
-    mean, var, ridge_out = runtime.member_parts(
+    mean, var, ridge_out = inference.member_parts(
         self._setup, state, validation.x_NxF, self._config.eval_batch_size,
         self._member_step)
     stats = jax.device_get(state.stats)
@@ -90,7 +90,7 @@ class Evaluations:
     y_std_T = np.asarray(stats.y_std_T, np.float64)
     total = metrics.RegressionSums.of_host(pred_NxT, validation.y_NxT,
                                            stats.y_mean_T, y_std_T)
-    return runtime.summarize(total, y_std_T, validation.target_names, False)
+    return inference.summarize(total, y_std_T, validation.target_names, False)
 
   def at(self, step: int, state: state_lib.TrainState
          ) -> tuple[state_lib.TrainState, float | None]:
@@ -140,13 +140,13 @@ class Evaluations:
     best = self.tracker.best_step
     best_state = (state if best == step else self.best_state)
     if best_state is None:  # a resumed run: read the best checkpoint back
-      best_state = runtime.restore(ckpt, self._setup, best)
+      best_state = reading.restore(ckpt, self._setup, best)
     result = {**self._evaluate(best_state, self._splits.eval), 'step': best,
               'val_loss': self.tracker.best_loss}
     if best_state.num_members > 1:
-      result['members'] = runtime.members_summary(best_state,
+      result['members'] = inference.members_summary(best_state,
                                                    self._hparams)
-    weights = runtime.ridge_weights(best_state, self._splits.eval)
+    weights = inference.ridge_weights(best_state, self._splits.eval)
     if weights is not None:
       result['ridge_weight'] = weights
     return result

@@ -39,9 +39,8 @@ from absl import logging
 from flax import nnx
 
 from input_pipeline.column_plan import ColumnPlan
-from meshfit import (checkpointing, config as config_lib, export_tf,
-                     model_card, predict, runtime, sharding,
-                     state as state_lib, steps)
+from meshfit import (checkpointing, config as config_lib, export_tf, model_card, predict, reading, sharding, state as state_lib, steps)
+from meshfit.setup import Setup, make_setup
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.features import FeatureStats, InputLayout
@@ -120,18 +119,18 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
 
 def _restore_on_one_device(
     config: Config, workdir: str, step: int | None
-) -> tuple[int, ColumnPlan, runtime.Setup, state_lib.TrainState]:
+) -> tuple[int, ColumnPlan, Setup, state_lib.TrainState]:
   """(step, column plan, set-up, state) of a checkpoint, restored onto a
   one-device mesh whatever mesh trained it."""
   ckpt = checkpointing.Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.step_to_restore(step)
-    plan, layout = runtime.read_model(runtime.restore_meta(ckpt, step), step,
+    plan, layout = reading.read_model(reading.restore_meta(ckpt, step), step,
                                       ckpt.directory)
     one_device = sharding.make_mesh(1, 1, jax.local_devices()[:1])
-    setup = runtime.make_setup(config, layout, len(plan.targets),
+    setup = make_setup(config, layout, len(plan.targets),
                                mesh=one_device)
-    return step, plan, setup, runtime.restore(ckpt, setup, step)
+    return step, plan, setup, reading.restore(ckpt, setup, step)
   finally:
     ckpt.close()
 

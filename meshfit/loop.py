@@ -20,11 +20,8 @@ from absl import logging
 
 from input_pipeline.order import block_rows
 from input_pipeline.tables import Table
-from meshfit import (call_plan, checkpoint_policy, checkpointing,
-                     compilation_cache, config as config_lib, config_files,
-                     data, evaluations as evaluations_lib, feeding, metrics,
-                     optim, plots, ridge, runtime, sharding, sizing,
-                     state as state_lib, steps, workdir_lock, writers)
+from meshfit import (call_plan, checkpoint_policy, checkpointing, compilation_cache, config as config_lib, config_files, data, evaluations as evaluations_lib, feeding, metrics, optim, plots, reading, ridge, sharding, sizing, state as state_lib, steps, workdir_lock, writers)
+from meshfit.setup import Setup, make_setup
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.features import FeatureStats, InputLayout
@@ -76,7 +73,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
                           config.dataset.numeric_scaling
                           if config.dataset.standardize else 'none',
                           config.model.raw_numbers)
-  setup = runtime.make_setup(config, layout, train.num_targets)
+  setup = make_setup(config, layout, train.num_targets)
   preemption = PreemptionWatch()
   try:
     with workdir_lock.WorkdirLock(workdir):
@@ -107,7 +104,7 @@ def _size_to_table(config: Config, splits: data.Splits) -> Config:
   return config
 
 
-def _restore_or_init(config: Config, setup: runtime.Setup,
+def _restore_or_init(config: Config, setup: Setup,
                      ckpt: checkpointing.Checkpointer, splits: data.Splits
                      ) -> tuple[state_lib.TrainState, int, BestTracker]:
   """The newest intact checkpoint's state, input position and best-step
@@ -151,7 +148,7 @@ def _restore_or_init(config: Config, setup: runtime.Setup,
 def _check_resumable(meta: dict, config: Config, splits: data.Splits,
                      ckpt: checkpointing.Checkpointer, step: int) -> None:
   """Refuses a checkpoint of other data, another meshfit or config."""
-  runtime.read_model(meta, step, ckpt.directory)
+  reading.read_model(meta, step, ckpt.directory)
   config_files.check_resume_compatible(meta['config'], config, step)
   if meta.get('train_key') != splits.train_key:
     path = config.dataset.train_path or config.dataset.name
@@ -172,7 +169,7 @@ def _check_resumable(meta: dict, config: Config, splits: data.Splits,
         'its checkpoints as they are)')
 
 
-def _train(config: Config, workdir: str, setup: runtime.Setup,
+def _train(config: Config, workdir: str, setup: Setup,
            splits: data.Splits, ckpt: checkpointing.Checkpointer,
            preemption: PreemptionWatch, state: state_lib.TrainState,
            position: int, tracker: BestTracker,
@@ -213,7 +210,7 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
           **({'fold_rows': data.FOLD_ROWS} if splits.folds else {}),
           **({'selection': evaluations.choice.to_json()}
              if evaluations.choice else {}),
-          **runtime.model_meta(splits.train.plan, setup.arch.layout)},
+          **reading.model_meta(splits.train.plan, setup.arch.layout)},
       config.checkpoint_every_steps, config.checkpoint_every_seconds)
   try:
     feed, calls = _plan(config, setup, splits, profile, initial_step,
@@ -283,7 +280,7 @@ def _train(config: Config, workdir: str, setup: runtime.Setup,
     writer.close()
 
 
-def _plan(config: Config, setup: runtime.Setup, splits: data.Splits,
+def _plan(config: Config, setup: Setup, splits: data.Splits,
           profile: ProfileWindow, initial_step: int, last_step: int,
           position: int):
   """The feed of training chunks, and the lengths of the calls to come.

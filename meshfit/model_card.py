@@ -13,7 +13,8 @@ from absl import logging
 from input_pipeline import column_plan, csv_regression
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
-from meshfit import data, export_tf, predict, runtime, state as state_lib
+from meshfit import data, export_tf, inference, predict, state as state_lib
+from meshfit.setup import Setup
 from meshfit.config import Config
 from meshfit.errors import UsageError
 
@@ -29,7 +30,7 @@ PLATFORMS = ('cpu', 'cuda', 'tpu')
 
 
 def eval_metrics(config: Config, workdir: str, step: int,
-                 setup: runtime.Setup, state: state_lib.TrainState,
+                 setup: Setup, state: state_lib.TrainState,
                  plan: ColumnPlan
                  ) -> tuple[dict[str, object] | None, str | None]:
   """The checkpoint's metrics on the eval split, for the model card.
@@ -61,7 +62,7 @@ def eval_metrics(config: Config, workdir: str, step: int,
               f'read: {str(e).splitlines()[0][:300]}')
     logging.warning('Exporting without eval metrics: %s', reason)
     return None, reason
-  scores = runtime.evaluate_table(setup, state, table, config.eval_batch_size)
+  scores = inference.evaluate_table(setup, state, table, config.eval_batch_size)
   return {'source': 'computed by --mode=export (not written to the workdir)',
           'step': step, 'split': config.dataset.eval_split, **scores}, None
 

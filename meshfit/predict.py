@@ -20,7 +20,8 @@ import numpy as np
 from absl import logging
 
 from input_pipeline import table_files
-from meshfit import checkpointing, config as config_lib, runtime
+from meshfit import checkpointing, config as config_lib, inference, reading
+from meshfit.setup import make_setup
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.files import atomic_write
@@ -81,7 +82,7 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
   ckpt = checkpointing.Checkpointer(workdir, read_only=True)
   try:
     step = ckpt.step_to_restore(step)
-    plan, layout = runtime.read_model(runtime.restore_meta(ckpt, step), step,
+    plan, layout = reading.read_model(reading.restore_meta(ckpt, step), step,
                                       ckpt.directory)
     target_names = plan.targets
     # The file is checked before the (slower) restore of the arrays.
@@ -93,11 +94,11 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
                           f'{c} ({n} rows)' for c, n in unseen.items()))
     keep = (table_files.pass_through(frame, keep_columns, input_path,
                                      '--input') if keep_columns else None)
-    setup = runtime.make_setup(config, layout, len(target_names))
-    state = runtime.restore(ckpt, setup, step)
+    setup = make_setup(config, layout, len(target_names))
+    state = reading.restore(ckpt, setup, step)
   finally:
     ckpt.close()
-  outputs = runtime.predict_table(setup, state, x_NxF,
+  outputs = inference.predict_table(setup, state, x_NxF,
                                   config.eval_batch_size, interval)
   if not setup.distribution:
     del outputs['std']  # the members' disagreement alone: not a std of y

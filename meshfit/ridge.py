@@ -29,7 +29,8 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from meshfit import data, features, runtime
+from meshfit import data, features
+from meshfit.setup import Setup
 from meshfit.features import FeatureStats, InputLayout
 from meshfit.state import TrainState
 from models import mlp
@@ -214,7 +215,7 @@ def fit_splits(stats: FeatureStats, layout: InputLayout, splits: data.Splits
   return fit(stats, layout, x, z, groups, fits), fits
 
 
-def fit_into(state: TrainState, setup: runtime.Setup, splits: data.Splits
+def fit_into(state: TrainState, setup: Setup, splits: data.Splits
              ) -> TrainState:
   """`state` (a fresh one) with every member's ridge part fitted.
 

@@ -196,7 +196,8 @@ def cross_fitted(tmp_path_factory, data_dir):
 
 
 def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
-  from meshfit import checkpointing, config as config_lib, data, runtime  # noqa: PLC0415
+  from meshfit import checkpointing, config as config_lib, data, inference, reading  # noqa: PLC0415
+  from meshfit.setup import make_setup  # noqa: PLC0415
   from meshfit.features import InputLayout  # noqa: PLC0415
   config, workdir, final = cross_fitted
   # A bag is both folds of one learning rate: members 0-1 and 2-3.
@@ -209,15 +210,15 @@ def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
   parsed = config_lib.parse(config)
   splits = data.load_splits(parsed.dataset, parsed.seed)
   train = splits.train
-  setup = runtime.make_setup(parsed, InputLayout.of(
+  setup = make_setup(parsed, InputLayout.of(
       train.plan.input_categories, train.missing_I,
       parsed.dataset.numeric_scaling), train.num_targets)
   ckpt = checkpointing.Checkpointer(workdir)
   try:
-    state = runtime.restore(ckpt, setup, 40)
+    state = reading.restore(ckpt, setup, 40)
   finally:
     ckpt.close()
-  network, _, ridge_part = runtime.member_parts(setup, state, train.x_NxF,
+  network, _, ridge_part = inference.member_parts(setup, state, train.x_NxF,
                                                 512)
   # Each member predicts its network blended with its ridge part, by the
   # weight step 40 chose (the same in every member).

@@ -26,8 +26,7 @@ import pytest
 from cli_helpers import regression_frame, run_train
 from configs import csv as csv_config, default
 from input_pipeline.column_plan import ColumnPlan
-from meshfit import (config as config_lib, data, evaluate, export, export_tf,
-                     loop, runtime)
+from meshfit import (config as config_lib, data, evaluate, export, export_tf, loop, reading)
 
 # Feature names TensorFlow would reject or silently rename in a signature.
 AWKWARD = {'a': 'size (m²)', 'b': 'in', 'c': '1st'}
@@ -262,7 +261,7 @@ def test_the_jax_export_artifact_runs_in_bare_jax_at_any_batch_size(runs):
 def test_the_jax_export_artifact_takes_the_column_plans_inputs(runs):
   workdir, eval_csv, out, pred_csv, _ = runs['mixed']
   card = _card(out)
-  plan, _ = runtime.read_model(_meta(workdir), 0, workdir)
+  plan, _ = reading.read_model(_meta(workdir), 0, workdir)
   x_NxI, _ = plan.encode(pd.read_csv(eval_csv), str(eval_csv))
   assert card['jax_export']['inputs'] == list(plan.input_names)
   with open(os.path.join(out, card['jax_export']['file']), 'rb') as f:

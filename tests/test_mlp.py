@@ -11,8 +11,8 @@ import pytest
 from flax import nnx
 
 from configs import default
-from meshfit import (config as config_lib, optim, runtime, sharding,
-                     state as state_lib, steps)
+from meshfit import (config as config_lib, optim, sharding, state as state_lib, steps)
+from meshfit.setup import make_setup
 from meshfit.errors import UsageError
 from meshfit.features import FeatureStats, InputLayout
 from models import mlp, ridge as ridge_model
@@ -77,7 +77,7 @@ def _train_losses(dtype: str, num_steps: int) -> tuple[np.ndarray, dict]:
   config.model.dtype = dtype
   config.optimizer.schedule = 'constant'
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
-  setup = runtime.make_setup(config_lib.parse(config),
+  setup = make_setup(config_lib.parse(config),
                              InputLayout.numbers(10), num_targets=1,
                              mesh=mesh)
   rng = np.random.default_rng(0)
@@ -254,7 +254,7 @@ def _train_on_mesh(mesh, dtype: str, num_steps: int) -> tuple[np.ndarray,
   config.model.hidden_sizes = (64, 64, 64)
   config.model.dtype = dtype
   config.optimizer.schedule = 'constant'
-  setup = runtime.make_setup(config_lib.parse(config),
+  setup = make_setup(config_lib.parse(config),
                              InputLayout.numbers(10), num_targets=2,
                              mesh=mesh)
   rng = np.random.default_rng(0)

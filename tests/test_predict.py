@@ -12,7 +12,7 @@ import pytest
 
 from cli_helpers import regression_frame, run_train
 from input_pipeline import table_files
-from meshfit import predict, runtime
+from meshfit import predict, reading
 from meshfit.errors import UsageError
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -148,7 +148,7 @@ def test_bad_predict_requests_exit_2_and_write_nothing(csv_run, case,
 
 def test_a_checkpoint_of_an_older_meshfit_is_refused():
   with pytest.raises(UsageError, match='older meshfit .*use that version'):
-    runtime.read_model({'config': {}, 'data_position': 0,
+    reading.read_model({'config': {}, 'data_position': 0,
                         'feature_names': ['x0']}, 5, 'ckpts')
 
 

@@ -8,8 +8,8 @@ import pytest
 
 from configs import default
 from input_pipeline.tables import Table, generated_plan
-from meshfit import (config as config_lib, data, optim, ridge, runtime,
-                     state as state_lib)
+from meshfit import (config as config_lib, data, inference, optim, reading, ridge, state as state_lib)
+from meshfit.setup import make_setup
 from meshfit.features import FeatureStats, InputLayout
 from models import mlp
 
@@ -124,7 +124,7 @@ def test_members_take_the_fit_of_the_rows_they_train_on():
   raw.model.ridge_blend = True
   raw.dataset.validation_folds = folds
   config = config_lib.parse(raw)
-  setup = runtime.make_setup(config, layout, 1)
+  setup = make_setup(config, layout, 1)
   state = state_lib.create_train_state(setup.arch, setup.tx, setup.mesh, 0,
                                        stats, optim.Hyperparameters.of(config))
   fitted = ridge.fit_into(state, setup, splits)
@@ -149,7 +149,7 @@ def test_members_take_the_fit_of_the_rows_they_train_on():
   np.testing.assert_array_equal(
       jax.device_get(weighed.params[mlp.FITTED]['weight']),
       np.full((6, 1), 0.25, np.float32))
-  assert runtime.ridge_weights(weighed, table) == {'y': 0.25}
+  assert inference.ridge_weights(weighed, table) == {'y': 0.25}
 
 
 def test_a_table_without_numbers_fits_its_categories():
@@ -213,10 +213,10 @@ def test_training_moves_the_network_alike_and_the_ridge_part_never(
   train = splits.train
   layout = InputLayout.of(train.plan.input_categories, train.missing_I,
                           parsed.dataset.numeric_scaling)
-  setup = runtime.make_setup(parsed, layout, train.num_targets)
+  setup = make_setup(parsed, layout, train.num_targets)
   ckpt = checkpointing.Checkpointer(workdir)
   try:
-    state = runtime.restore(ckpt, setup, 60)
+    state = reading.restore(ckpt, setup, 60)
   finally:
     ckpt.close()
   fit, _ = ridge.fit_splits(jax.device_get(state.stats), layout, splits)

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from meshfit import (call_plan, config as config_lib, data, feeding, optim,
-                     runtime, sharding, state as state_lib, steps)
+from meshfit import (call_plan, config as config_lib, data, feeding, inference, optim, sharding, state as state_lib, steps)
+from meshfit.setup import make_setup
 from meshfit.features import FeatureStats, InputLayout
 
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
@@ -20,7 +20,7 @@ def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
   x members, or steps alone for a single model."""
   config = config_lib.parse(config)
   layout = InputLayout.numbers(splits.train.x_NxF.shape[1])
-  setup = runtime.make_setup(config, layout, splits.train.y_NxT.shape[1],
+  setup = make_setup(config, layout, splits.train.y_NxT.shape[1],
                              mesh=mesh)
   norm = FeatureStats.fit(layout, splits.train.x_NxF, splits.train.y_NxT)
   state = state_lib.create_train_state(setup.arch, setup.tx, mesh,
@@ -102,7 +102,7 @@ def test_streamed_batches_train_like_resident_ones(one_device_run):
 def test_one_step_per_call_matches_the_single_step(one_device_run):
   config, splits, (expected, _) = one_device_run
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
-  setup = runtime.make_setup(config_lib.parse(config),
+  setup = make_setup(config_lib.parse(config),
                              InputLayout.numbers(10), 1, mesh=mesh)
   state = state_lib.create_train_state(
       setup.arch, setup.tx, mesh, config.seed,
@@ -133,11 +133,11 @@ def test_train_metrics_average_the_logging_window(one_device_run):
 
 def test_eval_step_matches_numpy(one_device_run):
   config, splits, (_, state) = one_device_run
-  setup = runtime.make_setup(config_lib.parse(config),
+  setup = make_setup(config_lib.parse(config),
                              InputLayout.numbers(10), 1,
                              mesh=sharding.make_mesh(4, 2))
   state = jax.device_put(state, setup.shardings)
-  result = runtime.evaluate_table(setup, state, splits.eval, batch_size=24)
+  result = inference.evaluate_table(setup, state, splits.eval, batch_size=24)
   pred = np.asarray(steps.predict(setup.graphdef, setup.arch.layout, state,
                                   splits.eval.x_NxF)[0])
   err = pred[:, 0] - splits.eval.y_NxT[:, 0]
@@ -217,7 +217,7 @@ def test_members_on_their_own_devices_exchange_nothing_while_they_train(
   mesh = sharding.make_mesh(1, 1, jax.devices()[:4], members=4)
   parsed = config_lib.parse(config)
   layout = InputLayout.numbers(splits.train.x_NxF.shape[1])
-  setup = runtime.make_setup(parsed, layout, splits.train.y_NxT.shape[1],
+  setup = make_setup(parsed, layout, splits.train.y_NxT.shape[1],
                              mesh=mesh)
   step_fn = steps.jit_train_call(setup.graphdef, layout, setup.member_tx,
                                  setup.shardings, mesh, parsed.log_every_steps,

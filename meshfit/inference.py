@@ -1,147 +1,16 @@
-"""What training, evaluation, prediction and export share: set-up, what a
-checkpoint's model reads, restore, and predictions or metrics over a table."""
+"""The model over a whole table: predictions, every member's parts, metrics,
+and the summaries of members and ridge parts that go beside them."""
 
-import dataclasses
-import functools
 from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
-import optax
-from flax import nnx
-from jax.sharding import Mesh
 
-from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.errors import DataError
 from input_pipeline.tables import Table
-from meshfit import (checkpointing, config_files, feeding, in_flight,
-                     metrics, optim, sharding, state as state_lib, steps,
-                     uncertainty)
-from meshfit.config import Config
-from meshfit.errors import UsageError
-from meshfit.features import InputLayout
+from meshfit import (feeding, in_flight, metrics, optim, sharding,
+                     state as state_lib, steps, uncertainty)
+from meshfit.setup import Setup
 from models import mlp
-
-# The version of what a checkpoint holds: 2 has the column plan and the
-# input layout in its meta (meshfit before it stored feature names only), 3
-# a member axis in its state.
-META_FORMAT = 3
-
-
-@dataclasses.dataclass(frozen=True)
-class Setup:
-  """Mesh, model structure, optimizer and state shardings of a run.
-
-  Attributes:
-    mesh: the device mesh.
-    arch: the model.
-    graphdef: one member's structure.
-    tx: the config's optimizer (its state's structure).
-    member_tx: a member's optimizer from its own hyperparameters.
-    dropout: some member trains with dropout.
-    shardings: the train state's shardings.
-  """
-  mesh: Mesh
-  arch: state_lib.Architecture
-  graphdef: nnx.GraphDef
-  tx: optax.GradientTransformation
-  member_tx: Callable[[optim.Hyperparameters], optax.GradientTransformation]
-  dropout: bool
-  shardings: state_lib.TrainState
-
-  @property
-  def distribution(self) -> bool:
-    """The model predicts a distribution (a mean and a variance)."""
-    return self.arch.mlp.likelihood == 'gaussian'
-
-
-def make_setup(config: Config, layout: InputLayout, num_targets: int,
-               mesh: Mesh | None = None) -> Setup:
-  """The set-up of `config` for a table of this layout.
-
-  Args:
-    config: the parsed run config (its mesh, model and optimizer).
-    layout: the model's inputs (`InputLayout.of` a training table).
-    num_targets: T, its outputs.
-    mesh: the mesh to use; default: built from config.mesh over every device.
-  """
-  if mesh is None:
-    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model,
-                              members=config.mesh.members)
-  arch = state_lib.Architecture(config.model, layout, num_targets)
-  fitted = config.model.ridge_blend
-  tx = optim.make_optimizer(config.optimizer, config.num_train_steps,
-                            fitted=fitted)
-  member_tx = functools.partial(optim.member_optimizer, config.optimizer,
-                                config.num_train_steps, fitted=fitted)
-  dropout = config.model.dropout_rate > 0 or any(
-      r > 0 for r in config.sweep.dropout_rates)
-  return Setup(mesh, arch, state_lib.graphdef(arch), tx, member_tx, dropout,
-               state_lib.state_shardings(arch, tx, mesh))
-
-
-def model_meta(plan: ColumnPlan, layout: InputLayout) -> dict:
-  """What a checkpoint's meta records of its model's inputs."""
-  return {'format': META_FORMAT, 'column_plan': plan.to_json(),
-          'layout': dataclasses.asdict(layout)}
-
-
-def read_model(meta: dict, step: int, directory: str
-               ) -> tuple[ColumnPlan, InputLayout]:
-  """The column plan and input layout a checkpoint's model was trained on.
-
-  Raises:
-    UsageError: the checkpoint was written by an older meshfit, or with a
-      config key this one does not have.
-  """
-  if meta.get('format') != META_FORMAT:
-    raise UsageError(
-        f'the checkpoint of step {step} in {directory} was written by an '
-        f'older meshfit (checkpoint format {meta.get("format", 1)}, this '
-        f'meshfit reads {META_FORMAT}); use that version of meshfit for it, '
-        'or train into a new workdir')
-  config_files.check_known_keys(meta.get('config', {}), step, directory)
-  layout = meta['layout']
-  try:
-    plan = ColumnPlan.from_json(meta['column_plan'])
-  except DataError as e:
-    raise UsageError(f'the checkpoint of step {step} in {directory}: {e}'
-                     ) from None
-  return plan, InputLayout(**{k: tuple(v) if isinstance(v, list) else v
-                              for k, v in layout.items()})
-
-
-def restore(ckpt: checkpointing.Checkpointer, setup: Setup,
-            step: int) -> state_lib.TrainState:
-  """The state of checkpoint `step` on `setup`'s mesh (eval, predict, export).
-
-  Raises:
-    UsageError: the checkpoint cannot be read.
-  """
-  try:
-    return ckpt.restore_state(
-        step, state_lib.abstract_state(setup.arch, setup.tx, setup.mesh))
-  except checkpointing.DamagedCheckpointError as e:
-    raise _unreadable(ckpt, step, e) from None
-
-
-def restore_meta(ckpt: checkpointing.Checkpointer, step: int) -> dict:
-  """The JSON side of checkpoint `step` (predict, export).
-
-  Raises:
-    UsageError: the checkpoint cannot be read.
-  """
-  try:
-    return ckpt.restore_meta(step)
-  except checkpointing.DamagedCheckpointError as e:
-    raise _unreadable(ckpt, step, e) from None
-
-
-def _unreadable(ckpt: checkpointing.Checkpointer, step: int,
-                e: checkpointing.DamagedCheckpointError) -> UsageError:
-  return UsageError(f'the checkpoint of step {step} in {ckpt.directory} '
-                    f'cannot be read ({str(e).splitlines()[0][:200]}); '
-                    'pick another with --step')
 
 
 def predict_table(setup: Setup, state: state_lib.TrainState,

@@ -1,0 +1,66 @@
+"""A run's set-up: the mesh, the model's structure, the optimizer and the
+train state's shardings, made once from the config and the table's layout."""
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from meshfit import optim, sharding, state as state_lib
+from meshfit.config import Config
+from meshfit.features import InputLayout
+
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """Mesh, model structure, optimizer and state shardings of a run.
+
+  Attributes:
+    mesh: the device mesh.
+    arch: the model.
+    graphdef: one member's structure.
+    tx: the config's optimizer (its state's structure).
+    member_tx: a member's optimizer from its own hyperparameters.
+    dropout: some member trains with dropout.
+    shardings: the train state's shardings.
+  """
+  mesh: Mesh
+  arch: state_lib.Architecture
+  graphdef: nnx.GraphDef
+  tx: optax.GradientTransformation
+  member_tx: Callable[[optim.Hyperparameters], optax.GradientTransformation]
+  dropout: bool
+  shardings: state_lib.TrainState
+
+  @property
+  def distribution(self) -> bool:
+    """The model predicts a distribution (a mean and a variance)."""
+    return self.arch.mlp.likelihood == 'gaussian'
+
+
+def make_setup(config: Config, layout: InputLayout, num_targets: int,
+               mesh: Mesh | None = None) -> Setup:
+  """The set-up of `config` for a table of this layout.
+
+  Args:
+    config: the parsed run config (its mesh, model and optimizer).
+    layout: the model's inputs (`InputLayout.of` a training table).
+    num_targets: T, its outputs.
+    mesh: the mesh to use; default: built from config.mesh over every device.
+  """
+  if mesh is None:
+    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model,
+                              members=config.mesh.members)
+  arch = state_lib.Architecture(config.model, layout, num_targets)
+  fitted = config.model.ridge_blend
+  tx = optim.make_optimizer(config.optimizer, config.num_train_steps,
+                            fitted=fitted)
+  member_tx = functools.partial(optim.member_optimizer, config.optimizer,
+                                config.num_train_steps, fitted=fitted)
+  dropout = config.model.dropout_rate > 0 or any(
+      r > 0 for r in config.sweep.dropout_rates)
+  return Setup(mesh, arch, state_lib.graphdef(arch), tx, member_tx, dropout,
+               state_lib.state_shardings(arch, tx, mesh))
