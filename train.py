@@ -13,7 +13,7 @@ import sys
 # Before TensorFlow / TFDS are imported: keep everything local and quiet.
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from meshfit import xla_flags  # noqa: E402  (imports no jax)
+from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
 
 xla_flags.apply()  # before jax starts a backend
 
@@ -171,8 +171,8 @@ def main(argv: list[str]) -> None:
   if (message := _predict_flags_error()) is not None:
     _fail(message)
   # After flag parsing, so that --help stays fast; before any other JAX use.
-  from meshfit import distributed  # noqa: PLC0415
   from meshfit.errors import UsageError  # noqa: PLC0415
+  from meshfit.parallel import distributed  # noqa: PLC0415
 
   try:
     _, num_processes = distributed.initialize(distributed.Options(
@@ -190,10 +190,11 @@ def _run() -> None:
   import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
 
   from input_pipeline.errors import DataError  # noqa: PLC0415
-  from meshfit import (config_files, evaluate, export,  # noqa: PLC0415
-                       loop, predict, preemption)
+  from meshfit.config import json_files
   from meshfit.errors import UsageError  # noqa: PLC0415
-  from meshfit.loss_watch import NonFiniteLossError  # noqa: PLC0415
+  from meshfit.serve import evaluate, export, predict
+  from meshfit.train import loop, preemption
+  from meshfit.train.loss_watch import NonFiniteLossError  # noqa: PLC0415
 
   logging.info('JAX process %d/%d, local devices: %s', jax.process_index(),
                jax.process_count(), jax.local_devices())
@@ -205,13 +206,13 @@ def _run() -> None:
                          'newest checkpoint')
       loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     else:
-      saved = config_files.load_json(
+      saved = json_files.load_json(
           os.path.join(FLAGS.workdir, 'config.json'))
-      keys = (config_files.flatten(FLAGS.config) if FLAGS['config'].present
+      keys = (json_files.flatten(FLAGS.config) if FLAGS['config'].present
               else _overridden_keys())
-      config = config_files.merge_eval_overrides(saved, FLAGS.config, keys)
+      config = json_files.merge_eval_overrides(saved, FLAGS.config, keys)
       if not any(k.startswith('mesh.') for k in _overridden_keys()):
-        config = config_files.fit_saved_mesh(config, jax.device_count(),
+        config = json_files.fit_saved_mesh(config, jax.device_count(),
                                              jax.local_device_count())
       if FLAGS.mode == 'eval':
         result = evaluate.evaluate(config, FLAGS.workdir, FLAGS.step)

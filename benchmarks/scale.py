@@ -48,7 +48,6 @@ from collections.abc import Sequence
 import numpy as np
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench_common import markdown_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -237,7 +236,7 @@ def measure_train(files: tuple[str, str], data_dir: str, workdir: str,
 def _input_worker(directory: str, index: int, count: int, seconds: float,
                   results) -> None:
   from input_pipeline import csv_regression, order  # noqa: PLC0415
-  from meshfit import feeding  # noqa: PLC0415
+  from meshfit.data import feeding  # noqa: PLC0415
   store = csv_regression.open_split(directory, 'train')
   batch = MODELS['small'][1]
   share = batch // count
@@ -305,7 +304,6 @@ def _prepared(data_dir: str) -> str:
 
 def main(argv: Sequence[str]) -> None:
   del argv
-  sys.path.insert(0, ROOT)
   rows_list = [int(r) for r in FLAGS.rows]
   prepare_rows, train_rows, format_rows, input_rows = [], [], [], []
   for rows in rows_list:

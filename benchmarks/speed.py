@@ -67,7 +67,7 @@ from typing import Any
 # Before TensorFlow / TFDS are imported: keep everything local and quiet.
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from meshfit import xla_flags  # noqa: E402  (imports no jax)
+from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
 
 # meshfit's XLA flags, as train.py sets them; every variant of this process
 # runs under them (the jit and pmap loops too: compare like with like).
@@ -84,11 +84,13 @@ from bench_common import markdown_table, mlp_loss  # noqa: E402
 from configs import default  # noqa: E402
 from input_pipeline import tables  # noqa: E402
 from input_pipeline.tables import Table  # noqa: E402
-from meshfit import (call_plan, config as config_lib, data,  # noqa: E402
-                     feeding, in_flight, loop, optim, sharding,
-                     state as state_lib, steps)
-from meshfit.features import FeatureStats, InputLayout  # noqa: E402
-from meshfit.setup import make_setup  # noqa: E402
+from meshfit import config as config_lib
+from meshfit.data import feeding, splits as splits_lib
+from meshfit.model import optim, state as state_lib, steps
+from meshfit.parallel import in_flight, sharding
+from meshfit.train import call_plan, loop
+from meshfit.data.features import FeatureStats, InputLayout  # noqa: E402
+from meshfit.model.setup import make_setup  # noqa: E402
 from models import mlp  # noqa: E402
 
 SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
@@ -184,13 +186,13 @@ class Data:
     return [(self.x_NxF[i:i + batch_size], self.y_NxT[i:i + batch_size])
             for i in range(0, self.x_NxF.shape[0], batch_size)]
 
-  def splits(self, eval_rows: int) -> data.Splits:
+  def splits(self, eval_rows: int) -> splits_lib.Splits:
     f, t = self.x_NxF.shape[1], self.y_NxT.shape[1]
 
     def table(rows: slice) -> Table:
       return Table(self.x_NxF[rows], self.y_NxT[rows],
                    tables.generated_plan(f, t))
-    return data.Splits(train=table(slice(None)),
+    return splits_lib.Splits(train=table(slice(None)),
                        eval=table(slice(0, eval_rows)))
 
 

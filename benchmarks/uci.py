@@ -38,7 +38,7 @@ import time
 # Before TensorFlow, TFDS and JAX are imported: one CPU device, quiet logs.
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from meshfit import xla_flags  # noqa: E402  (imports no jax)
+from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
 
 xla_flags.apply()  # as train.py does
 
@@ -49,7 +49,7 @@ import pandas as pd  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from configs import csv as csv_config  # noqa: E402
-from meshfit import loop  # noqa: E402
+from meshfit.train import loop  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASETS = ('boston', 'concrete', 'energy', 'kin8nm', 'naval', 'power',

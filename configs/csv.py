@@ -51,7 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.schedule = 'warmup_cosine'
   config.optimizer.warmup_steps = 0
   config.optimizer.weight_decay = 1e-4
-  # Sized to the table (meshfit/sizing.py): a batch near 2 sqrt(rows), 100
+  # Sized to the table (meshfit/config/sizing.py): a batch near 2 sqrt(rows), 100
   # epochs (at most 20,000 steps), evaluated every epoch; a small table's
   # best step comes within a few epochs, a large one's late.
   config.batch_size = 0

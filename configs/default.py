@@ -131,7 +131,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.grad_clip_norm = 0.0
 
   # Global batch size, summed over all devices and hosts. 0 sizes it to the
-  # training table (meshfit/sizing.py: a power of two near 2 sqrt(rows),
+  # training table (meshfit/config/sizing.py: a power of two near 2 sqrt(rows),
   # 32 to 1024).
   config.batch_size = 256
   # Global batch size for evaluation (the last batch is padded and masked).

@@ -7,7 +7,7 @@ with it, so a value means the same to the model wherever it comes from.
 input, in plan order:
 
 - **number**: the value; a missing cell (empty, NaN, NA, ?, ...) is NaN, to
-  be filled and flagged on device (meshfit/features.py).
+  be filled and flagged on device (meshfit/data/features.py).
 - **boolean**: 1 or 0 (NaN when missing).
 - **category**: text, or integer codes named in `dataset.categorical_columns`.
   The training file's values seen at least MIN_COUNT times form the

@@ -25,7 +25,7 @@ entries of the stream, by at most one block in MIN_LANE_BLOCKS. A batch holds th
 devices. A process whose devices hold a run of whole lanes reads only those
 lanes' blocks: with P processes dividing L, their reads are disjoint.
 
-Nothing here knows of devices: `meshfit/feeding.py` asks for the entries of
+Nothing here knows of devices: `meshfit/data/feeding.py` asks for the entries of
 the devices of this process and places them.
 """
 
@@ -223,11 +223,6 @@ class ExampleOrder:
     with np.errstate(over='ignore'):
       self._hash_base = _mix(np.array([seed], np.uint64))[0] ^ _mix(
           np.array([member], np.uint64) + np.uint64(1 << 32))[0]
-
-  @property
-  def lane_rows(self) -> np.ndarray:
-    """Rows of each lane's epoch."""
-    return self._lane_rows.copy()
 
   def lane_pieces(self, lane: int, position: int, num_batches: int
                   ) -> list[Piece]:

@@ -1,0 +1,20 @@
+"""meshfit: MLP regressors trained, checkpointed and served on a JAX mesh.
+
+The sub-packages, each owning one job, import each other in one direction
+(a package imports only those before it; tests/test_imports.py holds them to
+it, docs/design.md draws it):
+
+  parallel     the mesh, sharding rules, jax.distributed, XLA flags, the
+               compilation cache, fetching device values without waiting
+  config       the run config: typed, checked, saved in the workdir, sized
+  data         a run's splits, batches on the mesh, feature statistics
+  model        train state, optimizer, jitted steps, the model over a table,
+               members, uncertainty, ridge parts
+  checkpoints  Orbax checkpoints, the workdir lock, reading a saved model
+  report       scalar writers (console, TensorBoard, metrics.jsonl), plots
+  train        the training loop and what it schedules
+  serve        eval, predict and export of a saved model
+
+`errors` and `files` sit below them all. Beneath meshfit: `input_pipeline`
+(tables, column plans, prepared copies), `models` (Flax modules), `configs`.
+"""

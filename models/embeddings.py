@@ -1,7 +1,7 @@
 """How numbers and categories enter the network, before its hidden layers.
 
 Both carry logical axis names like the dense layers (models/mlp.py), so
-`meshfit/sharding.py` alone places them: a category table's rows are named
+`meshfit/parallel/sharding.py` alone places them: a category table's rows are named
 VOCAB_AXIS, which may split over the model-parallel axis for a large
 vocabulary.
 """

@@ -1,6 +1,6 @@
 """A multilayer perceptron regressor whose parameters carry logical axis names.
 
-The names say what each dimension *is*; `meshfit/sharding.py` alone decides
+The names say what each dimension *is*; `meshfit/parallel/sharding.py` alone decides
 which mesh axis (if any) it is split over. Hidden layers alternate between
 column-split kernels (`('embed', 'mlp')`: the output features are split) and
 row-split kernels (`('mlp', 'embed')`: the input features are split), so a
@@ -18,13 +18,13 @@ from flax import nnx
 
 from models import embeddings, ridge
 
-# Logical axis names, mapped to mesh axes in meshfit/sharding.py (more in
+# Logical axis names, mapped to mesh axes in meshfit/parallel/sharding.py (more in
 # models/embeddings.py).
 EMBED_AXIS = embeddings.EMBED_AXIS  # a feature dimension kept whole
 HIDDEN_AXIS = 'mlp'  # a hidden dimension split over the model-parallel axis
 OUT_AXIS = ridge.OUT_AXIS  # the regression targets
 # The fitted ridge part's name among a member's parameters (`Mlp.ridge`):
-# the optimizer leaves it out (meshfit/optim.py).
+# the optimizer leaves it out (meshfit/model/optim.py).
 FITTED = 'ridge'
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -81,21 +81,21 @@ class MlpConfig:
       'gaussian' (it predicts their mean and a raw variance: 2 T outputs).
     nll_beta: gaussian only: the beta of beta-NLL.
   """
-  hidden_sizes: tuple[int, ...] = (128, 128)
-  activation: str = 'relu'
-  dropout_rate: float = 0.0
-  dtype: str = 'float32'
-  param_dtype: str = 'float32'
-  numeric_embedding: str = 'none'
-  raw_numbers: bool = False
-  ple_bins: int = 16
-  numeric_embedding_dim: int = 16
-  category_embedding_dim: int = 8
-  category_onehot_max: int = 0
-  ridge_blend: bool = False
-  ensemble_size: int = 1
-  likelihood: str = 'squared_error'
-  nll_beta: float = 0.0
+  hidden_sizes: tuple[int, ...]
+  activation: str
+  dropout_rate: float
+  dtype: str
+  param_dtype: str
+  numeric_embedding: str
+  raw_numbers: bool
+  ple_bins: int
+  numeric_embedding_dim: int
+  category_embedding_dim: int
+  category_onehot_max: int
+  ridge_blend: bool
+  ensemble_size: int
+  likelihood: str
+  nll_beta: float
 
   def __post_init__(self):
     # ml_collections hands tuples over as lists after JSON round trips.
@@ -406,7 +406,7 @@ class Mlp(nnx.Module):
 def ridge_inputs(numbers_BxN: jax.Array, missing_BxM: jax.Array | None,
                  raw_BxR: jax.Array | None) -> jax.Array:
   """The ridge part's dense inputs: the scaled numbers, the raw ones and
-  the missing flags, side by side (meshfit/ridge.py fits on the same)."""
+  the missing flags, side by side (meshfit/model/ridge_fit.py fits on the same)."""
   parts = [numbers_BxN]
   for extra in (raw_BxR, missing_BxM):
     if extra is not None and extra.shape[1]:

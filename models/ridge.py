@@ -4,7 +4,7 @@ Each member may hold one (`MlpConfig.ridge_blend`): a linear map of the
 numbers as the network receives them (scaled, and as they are when the
 layout gives them raw), the missing flags, and categories one-hot (a row of
 `table` per code). Its parameters are fitted in closed form as a ridge
-regression on the member's training rows (`meshfit/ridge.py`), not by the
+regression on the member's training rows (`meshfit/model/ridge_fit.py`), not by the
 optimizer, and its prediction is blended with the network's by `weight`,
 which is chosen on validation rows: where a table is nearly linear, or too
 small for a network to beat a linear model, the blend takes the linear

@@ -4,7 +4,7 @@ import os
 
 # Before jax is imported anywhere: eight virtual CPU devices, no GCS probes.
 os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
-from meshfit import xla_flags  # noqa: E402  (imports no jax)
+from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
 
 xla_flags.apply()  # the tests run under train.py's XLA flags
 os.environ.setdefault('NO_GCE_CHECK', 'true')

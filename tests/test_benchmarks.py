@@ -9,6 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -192,11 +195,7 @@ def test_scale_benchmark_prepares_and_streams_a_small_table(tmp_path):
 def _table_scores():
   """benchmarks/table_scores.py (tables.py's scores without its absl flags,
   which would clash with uci.py's in this process)."""
-  sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
-  try:
-    import table_scores  # noqa: PLC0415
-  finally:
-    sys.path.pop(0)
+  import table_scores  # noqa: PLC0415  (benchmarks/ is on pytest's pythonpath)
   return table_scores
 
 

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from meshfit import call_plan
+from meshfit.train import call_plan
 
 
 def _ends(first_step, *args, **kwargs) -> list[int]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from meshfit import checkpoint_policy
+from meshfit.train import checkpoint_policy
 
 
 class _Clock:

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from meshfit import checkpointing
+from meshfit.checkpoints import checkpointer
 
 
 class _SlowCheckpointer:
@@ -30,7 +30,7 @@ class _SlowCheckpointer:
 
 def test_saves_coming_faster_than_writes_are_all_written_in_order():
   ckpt = _SlowCheckpointer()
-  saver = checkpointing.BackgroundSaver(ckpt)
+  saver = checkpointer.BackgroundSaver(ckpt)
   try:
     saver.submit(50, 'state50', {})
     assert ckpt.started.acquire(timeout=10)  # 50 is being written
@@ -57,7 +57,7 @@ def test_saves_coming_faster_than_writes_are_all_written_in_order():
 ])
 def test_two_saves_are_both_written(writing):
   ckpt = _SlowCheckpointer()
-  saver = checkpointing.BackgroundSaver(ckpt)
+  saver = checkpointer.BackgroundSaver(ckpt)
   try:
     saver.submit(1, 's', {})
     if writing:
@@ -74,7 +74,7 @@ def test_two_saves_are_both_written(writing):
 
 def test_a_failed_write_is_raised_in_the_loop_thread():
   ckpt = _SlowCheckpointer(fail_step=7)
-  saver = checkpointing.BackgroundSaver(ckpt)
+  saver = checkpointer.BackgroundSaver(ckpt)
   try:
     saver.submit(7, 's', {})
     ckpt.release.release()
@@ -88,7 +88,7 @@ def test_a_failed_write_is_raised_in_the_loop_thread():
 def test_metric_writes_finish_before_the_checkpoint_is_written():
   import concurrent.futures  # noqa: PLC0415
   ckpt = _SlowCheckpointer()
-  saver = checkpointing.BackgroundSaver(ckpt)
+  saver = checkpointer.BackgroundSaver(ckpt)
   write = concurrent.futures.Future()
   try:
     saver.submit(3, 's', {}, wait_for=[write])

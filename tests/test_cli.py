@@ -7,6 +7,9 @@ import pytest
 
 from cli_helpers import run_train
 
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 run = run_train
 
 

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import pytest
 
 from configs import default
-from meshfit import compilation_cache, config as config_lib
+from meshfit import config as config_lib
 from meshfit.errors import UsageError
+from meshfit.parallel import compilation_cache
 
 
 @pytest.fixture

@@ -60,3 +60,28 @@ def test_model_axis_must_stay_within_a_process():
       "mesh.model=4 does not divide the 2 devices of each process: mesh axis "
       "'model' must stay within a host")):
     config_lib.check_devices(parsed, 8, devices_per_process=2)
+
+
+def _sections():
+  from meshfit.config import schema  # noqa: PLC0415
+  return schema._SECTIONS  # noqa: SLF001  (the sections parse builds)
+
+
+def test_defaults_live_only_in_configs_default():
+  # A default in a dataclass could disagree with configs/default.py's (as
+  # MlpConfig's nll_beta 0.0 once did against 0.5): none may have one.
+  for cls in (config_lib.Config, *_sections().values()):
+    with_defaults = [f.name for f in dataclasses.fields(cls)
+                     if f.default is not dataclasses.MISSING
+                     or f.default_factory is not dataclasses.MISSING]
+    assert not with_defaults, (
+        f'{cls.__name__} declares defaults for {with_defaults}: declare them '
+        'in configs/default.py only')
+
+
+def test_dataclass_fields_are_the_keys_of_configs_default():
+  raw = default.get_config().to_dict()
+  top = {f.name for f in dataclasses.fields(config_lib.Config)}
+  assert top == set(raw)
+  for name, cls in _sections().items():
+    assert {f.name for f in dataclasses.fields(cls)} == set(raw[name]), name

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from configs import default
-from meshfit import config as config_lib, config_files
+from meshfit import config as config_lib
+from meshfit.config import json_files
 from meshfit.errors import UsageError
 
 
@@ -19,7 +20,7 @@ from meshfit.errors import UsageError
 def test_fit_saved_mesh(saved, num_devices, per_process, expected):
   config = default.get_config()
   config.mesh.data, config.mesh.model = saved
-  fitted = config_files.fit_saved_mesh(config, num_devices, per_process)
+  fitted = json_files.fit_saved_mesh(config, num_devices, per_process)
   assert (fitted.mesh.data, fitted.mesh.model) == expected
 
 
@@ -27,13 +28,13 @@ def test_a_saved_config_without_newer_keys_gets_their_defaults(tmp_path):
   config = default.get_config()
   config.model.hidden_sizes = (7,)
   path = str(tmp_path / 'config.json')
-  config_files.save_json(config_lib.parse(config), path)
+  json_files.save_json(config_lib.parse(config), path)
   with open(path, encoding='utf-8') as f:
     saved = json.load(f)
   del saved['plots'], saved['dataset']['resident_table_mb']
   with open(path, 'w', encoding='utf-8') as f:
     json.dump(saved, f)
-  loaded = config_files.load_json(path)
+  loaded = json_files.load_json(path)
   assert loaded.plots is True
   assert loaded.dataset.resident_table_mb == 1024
   assert tuple(loaded.model.hidden_sizes) == (7,)  # what was saved stays
@@ -45,7 +46,7 @@ def test_a_checkpoint_older_than_a_key_resumes_only_at_its_default():
   # ridge_blend=True another one (its state would not even restore).
   trained = config_lib.parse(default.get_config()).to_dict()
   del trained['model']['ridge_blend']
-  config_files.check_resume_compatible(
+  json_files.check_resume_compatible(
       trained, config_lib.parse(default.get_config()), step=40)
   changed = default.get_config()
   changed.model.ridge_blend = True
@@ -53,17 +54,17 @@ def test_a_checkpoint_older_than_a_key_resumes_only_at_its_default():
   trained['dataset']['validation_fraction'] = 0.2
   with pytest.raises(UsageError, match=r'model.ridge_blend \(checkpoint '
                      r'False, now True\)'):
-    config_files.check_resume_compatible(trained, config_lib.parse(changed),
+    json_files.check_resume_compatible(trained, config_lib.parse(changed),
                                          step=40)
 
 
 def test_a_checkpoint_with_keys_this_meshfit_lacks_is_named():
   trained = config_lib.parse(default.get_config()).to_dict()
   trained['model']['linear_head'] = False  # removed; False is what is now
-  config_files.check_known_keys(trained, 40, 'w/checkpoints')
+  json_files.check_known_keys(trained, 40, 'w/checkpoints')
   trained['model']['linear_head'] = True
   trained['optimizer']['lookahead'] = 5  # a key of some other meshfit
   with pytest.raises(UsageError, match=r'step 40 in w/checkpoints was trained '
                      r'with model.linear_head=True, optimizer.lookahead=5, '
                      r'which this meshfit does not have'):
-    config_files.check_known_keys(trained, 40, 'w/checkpoints')
+    json_files.check_known_keys(trained, 40, 'w/checkpoints')

@@ -15,12 +15,14 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+from model_helpers import dataset_config
 from cli_helpers import regression_frame  # noqa: E402
 
 from configs import csv as csv_config  # noqa: E402
 from input_pipeline import csv_regression, table_files  # noqa: E402
 from input_pipeline.errors import DataError  # noqa: E402
-from meshfit import config as config_lib, data  # noqa: E402
+from meshfit import config as config_lib
+from meshfit.data import splits as splits_lib  # noqa: E402
 from meshfit.errors import UsageError  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -50,8 +52,8 @@ def files(tmp_path):
   return train, eval_, str(tmp_path / 'train.csv'), str(tmp_path / 'eval.csv')
 
 
-def _load(dataset: ml_collections.ConfigDict) -> data.Splits:
-  return data.load_splits(config_lib.parse_dataset(dataset), seed=0)
+def _load(dataset: ml_collections.ConfigDict) -> splits_lib.Splits:
+  return splits_lib.load_splits(dataset_config(dataset), seed=0)
 
 
 def _prepared_keys(tmp_path) -> list[str]:
@@ -216,6 +218,7 @@ def _train_py(*args: str) -> subprocess.CompletedProcess:
                         text=True, timeout=300, check=False)
 
 
+@pytest.mark.slow
 def test_train_py_fits_a_csv_and_writes_metrics(tmp_path):
   train, eval_ = _frame(400, 0), _frame(100, 1)
   train.to_csv(tmp_path / 'train.csv', index=False)
@@ -245,6 +248,7 @@ def test_train_py_fits_a_csv_and_writes_metrics(tmp_path):
 # Each case fails at another stage: config check, file read, value check.
 # (Every other bad-data case is covered in-process, in test_table_files and
 # test_column_plan.)
+@pytest.mark.slow
 @pytest.mark.parametrize('case', ['target_as_feature', 'missing_file',
                                   'non_numeric'])
 def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):

@@ -11,8 +11,11 @@ import sys
 import pytest
 from absl import logging
 
-from meshfit import distributed
 from meshfit.errors import UsageError
+from meshfit.parallel import distributed
+
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

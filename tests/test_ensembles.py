@@ -9,8 +9,13 @@ import pandas as pd
 import pytest
 
 from cli_helpers import run_train
-from meshfit import evaluate, loop, predict, writers
 from meshfit.errors import UsageError
+from meshfit.report import writers
+from meshfit.serve import evaluate, predict
+from meshfit.train import loop
+
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 
 def _ensemble_config(data_dir):
@@ -196,9 +201,12 @@ def cross_fitted(tmp_path_factory, data_dir):
 
 
 def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
-  from meshfit import checkpointing, config as config_lib, data, inference, reading  # noqa: PLC0415
-  from meshfit.setup import make_setup  # noqa: PLC0415
-  from meshfit.features import InputLayout  # noqa: PLC0415
+  from meshfit import config as config_lib
+  from meshfit.checkpoints import checkpointer, reading
+  from meshfit.data import splits as splits_lib
+  from meshfit.data.features import InputLayout  # noqa: PLC0415
+  from meshfit.model import inference  # noqa: PLC0415
+  from meshfit.model.setup import make_setup  # noqa: PLC0415
   config, workdir, final = cross_fitted
   # A bag is both folds of one learning rate: members 0-1 and 2-3.
   members = final['members']
@@ -208,17 +216,17 @@ def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
   # The logged validation loss of step 40 is the chosen bag's, every row
   # predicted by the member that did not train on it.
   parsed = config_lib.parse(config)
-  splits = data.load_splits(parsed.dataset, parsed.seed)
+  splits = splits_lib.load_splits(parsed.dataset, parsed.seed)
   train = splits.train
   setup = make_setup(parsed, InputLayout.of(
       train.plan.input_categories, train.missing_I,
       parsed.dataset.numeric_scaling), train.num_targets)
-  ckpt = checkpointing.Checkpointer(workdir)
+  ckpt = checkpointer.Checkpointer(workdir)
   try:
     state = reading.restore(ckpt, setup, 40)
   finally:
     ckpt.close()
-  network, _, ridge_part = inference.member_parts(setup, state, train.x_NxF,
+  network, _, ridge_part = inference.table_member_parts(setup, state, train.x_NxF,
                                                 512)
   # Each member predicts its network blended with its ridge part, by the
   # weight step 40 chose (the same in every member).

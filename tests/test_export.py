@@ -26,7 +26,14 @@ import pytest
 from cli_helpers import regression_frame, run_train
 from configs import csv as csv_config, default
 from input_pipeline.column_plan import ColumnPlan
-from meshfit import (config as config_lib, data, evaluate, export, export_tf, loop, reading)
+from meshfit import config as config_lib
+from meshfit.checkpoints import reading
+from meshfit.data import splits as splits_lib
+from meshfit.serve import evaluate, export, export_tf
+from meshfit.train import loop
+
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 # Feature names TensorFlow would reject or silently rename in a signature.
 AWKWARD = {'a': 'size (m²)', 'b': 'in', 'c': '1st'}
@@ -85,7 +92,7 @@ def _train_synthetic(tmp, data_dir: str) -> str:
   workdir = str(tmp / 'synthetic_run')
   loop.train_and_evaluate(config, workdir)
   evaluate.evaluate(config, workdir)
-  test = data.load_eval_split(config_lib.parse(config).dataset)
+  test = splits_lib.load_eval_split(config_lib.parse(config).dataset)
   frame = pd.DataFrame(test.x_NxF, columns=test.feature_names)
   frame['y'] = test.y_NxT[:, 0]
   frame.to_csv(tmp / 'synthetic_eval.csv', index=False)

@@ -9,7 +9,8 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from input_pipeline import order, tables
-from meshfit import feeding, sharding
+from meshfit.data import feeding
+from meshfit.parallel import sharding
 
 N, F = 100, 3
 

@@ -2,7 +2,8 @@
 
 import numpy as np
 
-from meshfit import in_flight, metrics, uncertainty
+from meshfit.model import metrics, uncertainty
+from meshfit.parallel import in_flight
 
 
 def _sums(count: float) -> metrics.RegressionSums:

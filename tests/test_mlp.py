@@ -10,18 +10,21 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from model_helpers import jit_train_step, mlp_config
 from configs import default
-from meshfit import (config as config_lib, optim, sharding, state as state_lib, steps)
-from meshfit.setup import make_setup
+from meshfit import config as config_lib
+from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.errors import UsageError
-from meshfit.features import FeatureStats, InputLayout
+from meshfit.model import optim, state as state_lib
+from meshfit.model.setup import make_setup
+from meshfit.parallel import sharding
 from models import mlp, ridge as ridge_model
-from models.mlp import Mlp, MlpConfig
+from models.mlp import Mlp
 
 
 def _model(dtype: str, param_dtype: str = 'float32',
            hidden_sizes=(128, 128)) -> Mlp:
-  config = MlpConfig(hidden_sizes=hidden_sizes, dtype=dtype,
+  config = mlp_config(hidden_sizes=hidden_sizes, dtype=dtype,
                      param_dtype=param_dtype)
   return state_lib.Architecture(config, InputLayout.numbers(10),
                                 num_targets=2).build(0)
@@ -87,7 +90,7 @@ def _train_losses(dtype: str, num_steps: int) -> tuple[np.ndarray, dict]:
   state = state_lib.create_train_state(
       setup.arch, setup.tx, mesh, 0, norm,
       optim.Hyperparameters.of(config_lib.parse(config)))
-  train_step = steps.jit_train_step(setup.graphdef, setup.arch.layout,
+  train_step = jit_train_step(setup.graphdef, setup.arch.layout,
                                     setup.member_tx, setup.shardings, mesh,
                                     config.log_every_steps)
   # One member's batch (M x B x ...).
@@ -232,7 +235,7 @@ def _has_avx512_bf16() -> bool:
 def test_every_bf16_training_matmul_runs_in_bfloat16():
   """No dot of the backward pass is upcast to float32 (the slow path)."""
   # XLA:CPU keeps dots over 2 targets in float32 on its own accord (tiny).
-  config = MlpConfig(hidden_sizes=(64, 64), dtype='bfloat16')
+  config = mlp_config(hidden_sizes=(64, 64), dtype='bfloat16')
   model = state_lib.Architecture(config, InputLayout.numbers(10),
                                  num_targets=16).build(0)
   graphdef, params = nnx.split(model, nnx.Param)
@@ -265,7 +268,7 @@ def _train_on_mesh(mesh, dtype: str, num_steps: int) -> tuple[np.ndarray,
   state = state_lib.create_train_state(
       setup.arch, setup.tx, mesh, 0, norm,
       optim.Hyperparameters.of(config_lib.parse(config)))
-  train_step = steps.jit_train_step(setup.graphdef, setup.arch.layout,
+  train_step = jit_train_step(setup.graphdef, setup.arch.layout,
                                     setup.member_tx, setup.shardings, mesh,
                                     config.log_every_steps)
   batch_sharding = sharding.member_batch_sharding(mesh)
@@ -302,7 +305,7 @@ def test_bf16_training_on_a_sharded_mesh_matches_one_device():
 
 
 def test_raw_numbers_are_standardised_clipped_and_read_by_the_first_layer():
-  from meshfit import features  # noqa: PLC0415
+  from meshfit.data import features  # noqa: PLC0415
   x_NxF = np.array([[0.0, 1.0], [1.0, 2.0], [2.0, 30.0], [np.nan, 3.0],
                     [3.0, 4.0]], np.float32)
   layout = InputLayout.of((0, 0), (True, False), 'quantile', raw_numbers=True)
@@ -317,7 +320,7 @@ def test_raw_numbers_are_standardised_clipped_and_read_by_the_first_layer():
   plain = InputLayout.of((0, 0), (True, False), 'quantile')
   assert features.model_inputs(stats, plain, jnp.asarray(x_NxF))[
       'raw'].shape == (5, 0)
-  config = mlp.MlpConfig(hidden_sizes=(8,), numeric_embedding='ple')
+  config = mlp_config(hidden_sizes=(8,), numeric_embedding='ple')
   assert layout.shape.width(config) == plain.shape.width(config) + 2
   model = state_lib.Architecture(config, layout, num_targets=1).build(0)
   out = model(inputs['numbers'], inputs['missing'], inputs['codes'],
@@ -334,7 +337,7 @@ def test_raw_numbers_are_standardised_clipped_and_read_by_the_first_layer():
 def test_categories_of_few_codes_enter_one_hot_the_others_embedded():
   # Column 0 is a number, 1 a category of 4 codes, 2 one of 40 codes.
   layout = InputLayout.of((0, 4, 40), (False, False, False), 'standardize')
-  config = mlp.MlpConfig(hidden_sizes=(8,), category_onehot_max=5,
+  config = mlp_config(hidden_sizes=(8,), category_onehot_max=5,
                          category_embedding_dim=3)
   assert layout.shape.split_categories(config) == ((0,), (1,))
   assert layout.shape.width(config) == 1 + 4 + 3
@@ -355,7 +358,7 @@ def test_categories_of_few_codes_enter_one_hot_the_others_embedded():
   np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
   assert len(set(np.round(out[:, 0], 6))) == 4
   # Without the key every category is embedded, as before it existed.
-  embedded = mlp.MlpConfig(hidden_sizes=(8,), category_embedding_dim=3)
+  embedded = mlp_config(hidden_sizes=(8,), category_embedding_dim=3)
   assert layout.shape.width(embedded) == 1 + 2 * 3
 
 
@@ -363,7 +366,7 @@ def test_a_ridge_part_is_a_linear_map_blended_into_the_prediction():
   # Numbers 2 (one with missing values), raw numbers, categories of 6 and 3.
   layout = InputLayout.of((0, 0, 6, 3), (True, False, False, False),
                           'standardize', raw_numbers=True)
-  plain_config = mlp.MlpConfig(hidden_sizes=(8, 8), category_embedding_dim=3)
+  plain_config = mlp_config(hidden_sizes=(8, 8), category_embedding_dim=3)
   config = dataclasses.replace(plain_config, ridge_blend=True)
   plain = state_lib.Architecture(plain_config, layout, num_targets=2).build(0)
   model = state_lib.Architecture(config, layout, num_targets=2).build(0)

@@ -18,7 +18,11 @@ import time
 import pytest
 
 from configs import default
-from meshfit import loop, writers
+from meshfit.report import writers
+from meshfit.train import loop
+
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB_TIMEOUT_S = 300

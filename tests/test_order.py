@@ -35,7 +35,7 @@ def test_lanes_divide_the_batch_and_get_16_blocks_each(n, batch, lanes):
 def test_each_lane_epoch_holds_its_rows_once_and_lanes_cover_the_table(n):
   examples = order.ExampleOrder(n, 64, seed=3)
   lanes, entries = examples.lanes, examples.lane_entries
-  lane_rows = examples.lane_rows
+  lane_rows = examples._lane_rows  # noqa: SLF001  (rows of each lane)
   assert lane_rows.sum() == n
   steps = -(-int(lane_rows.max()) * 2 // entries)  # two epochs of each lane
   rows_KxB = examples.rows(0, steps)

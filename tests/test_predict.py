@@ -12,8 +12,12 @@ import pytest
 
 from cli_helpers import regression_frame, run_train
 from input_pipeline import table_files
-from meshfit import predict, reading
+from meshfit.checkpoints import reading
 from meshfit.errors import UsageError
+from meshfit.serve import predict
+
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
@@ -182,7 +186,8 @@ def test_synthetic_runs_predict_from_x0_x9_style_columns(tmp_path):
   """Generated datasets have no file: their names are x0.. and y."""
   from configs import linear  # noqa: PLC0415
   from input_pipeline import tables  # noqa: PLC0415
-  from meshfit import evaluate, loop  # noqa: PLC0415
+  from meshfit.serve import evaluate
+  from meshfit.train import loop  # noqa: PLC0415
   config = linear.get_config()
   config.dataset.data_dir = str(tmp_path / 'tfds')
   config.num_train_steps = 50

@@ -15,7 +15,10 @@ import time
 
 import pytest
 
-from meshfit import writers
+from meshfit.report import writers
+
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = int(os.environ.get('MESHFIT_TEST_SEED', random.randrange(1 << 30)))

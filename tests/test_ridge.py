@@ -8,9 +8,12 @@ import pytest
 
 from configs import default
 from input_pipeline.tables import Table, generated_plan
-from meshfit import (config as config_lib, data, inference, optim, reading, ridge, state as state_lib)
-from meshfit.setup import make_setup
-from meshfit.features import FeatureStats, InputLayout
+from meshfit import config as config_lib
+from meshfit.checkpoints import reading
+from meshfit.data import splits as splits_lib
+from meshfit.data.features import FeatureStats, InputLayout
+from meshfit.model import inference, optim, ridge_fit, state as state_lib
+from meshfit.model.setup import make_setup
 from models import mlp
 
 N = 600
@@ -47,8 +50,8 @@ def _direct(design_NxD, z_NxT, train_N, penalty):
 def test_each_fold_is_the_ridge_solution_and_scored_out_of_fold():
   layout, stats, x, _, z = _table()
   fold_N = np.random.default_rng(1).integers(0, 4, N)
-  fit = ridge.fit(stats, layout, x, z, fold_N, fits=4)
-  design = ridge.design(stats, layout, x)
+  fit = ridge_fit.fit(stats, layout, x, z, fold_N, fits=4)
+  design = ridge_fit.design(stats, layout, x)
   # 2 quantile-scaled numbers, 2 raw, 1 flag; then 6 one-hot codes.
   assert design.shape == (N, 11)
   assert fit.kernel_KxDxT.shape == (4, 5, 1)
@@ -71,8 +74,8 @@ def test_each_fold_is_the_ridge_solution_and_scored_out_of_fold():
 def test_the_penalty_is_the_one_the_left_out_rows_score_best():
   layout, stats, x, _, z = _table()
   fold_N = np.arange(N) % 3
-  design = ridge.design(stats, layout, x)
-  chosen = ridge.fit(stats, layout, x, z, fold_N, fits=3)
+  design = ridge_fit.design(stats, layout, x)
+  chosen = ridge_fit.fit(stats, layout, x, z, fold_N, fits=3)
 
   def score(penalty):
     total = 0.0
@@ -80,13 +83,13 @@ def test_the_penalty_is_the_one_the_left_out_rows_score_best():
       w, b = _direct(design, z, fold_N != k, penalty)
       total += np.sum((design[fold_N == k] @ w + b - z[fold_N == k])**2)
     return total / N
-  scores = [score(p) for p in ridge.PENALTIES]
-  assert chosen.penalty_T[0] == ridge.PENALTIES[int(np.argmin(scores))]
+  scores = [score(p) for p in ridge_fit.PENALTIES]
+  assert chosen.penalty_T[0] == ridge_fit.PENALTIES[int(np.argmin(scores))]
   assert chosen.validation_mse_T[0] == pytest.approx(min(scores), rel=1e-6)
   # A target that is noise alone is best predicted by its mean: the
   # largest penalty, and weights near zero.
   layout, stats, x, _, z = _table(signal=0.0, noise=1.0)
-  noise = ridge.fit(stats, layout, x, z, fold_N, fits=3)
+  noise = ridge_fit.fit(stats, layout, x, z, fold_N, fits=3)
   assert noise.penalty_T[0] >= 1.0
   assert np.abs(noise.kernel_KxDxT).max() < 0.1
 
@@ -95,13 +98,13 @@ def test_held_out_rows_score_the_fit_and_never_train_it():
   layout, stats, x, y, _ = _table()
   plan = generated_plan(3, 1)
   train, held = np.arange(N) < 450, np.arange(N) >= 450
-  splits = data.Splits(Table(x[train], y[train], plan),
+  splits = splits_lib.Splits(Table(x[train], y[train], plan),
                        Table(x[held], y[held], plan),
                        validation=Table(x[held], y[held], plan))
-  fit, fits = ridge.fit_splits(stats, layout, splits)
+  fit, fits = ridge_fit.fit_splits(stats, layout, splits)
   assert fits == 1 and fit.rows == N
   z = (y.astype(np.float64) - stats.y_mean_T) / stats.y_std_T
-  design = ridge.design(stats, layout, x)
+  design = ridge_fit.design(stats, layout, x)
   w, b = _direct(design, z, train, fit.penalty_T[0])
   np.testing.assert_allclose(
       np.concatenate([fit.kernel_KxDxT[0], fit.table_KxVxT[0]]), w,
@@ -116,7 +119,7 @@ def test_members_take_the_fit_of_the_rows_they_train_on():
   plan = generated_plan(3, 1)
   folds = 3
   table = Table(x, y, plan)
-  splits = data.cross_fit(data.Splits(table, table), folds, seed=0,
+  splits = splits_lib.cross_fit(splits_lib.Splits(table, table), folds, seed=0,
                           resident_table_mb=1024)
   raw = default.get_config()
   raw.model.hidden_sizes = (8,)
@@ -127,8 +130,8 @@ def test_members_take_the_fit_of_the_rows_they_train_on():
   setup = make_setup(config, layout, 1)
   state = state_lib.create_train_state(setup.arch, setup.tx, setup.mesh, 0,
                                        stats, optim.Hyperparameters.of(config))
-  fitted = ridge.fit_into(state, setup, splits)
-  fit, _ = ridge.fit_splits(stats, layout, splits)
+  fitted = ridge_fit.fit_into(state, setup, splits)
+  fit, _ = ridge_fit.fit_splits(stats, layout, splits)
   part = jax.device_get(fitted.params[mlp.FITTED])
   for m in range(6):  # member m left out fold m % 3
     k = m % folds
@@ -145,7 +148,7 @@ def test_members_take_the_fit_of_the_rows_they_train_on():
     jax.tree.map(np.testing.assert_array_equal,
                  jax.device_get(state.params[name]),
                  jax.device_get(fitted.params[name]))
-  weighed = ridge.with_weight(fitted, np.array([0.25]), setup.shardings)
+  weighed = ridge_fit.with_weight(fitted, np.array([0.25]), setup.shardings)
   np.testing.assert_array_equal(
       jax.device_get(weighed.params[mlp.FITTED]['weight']),
       np.full((6, 1), 0.25, np.float32))
@@ -159,7 +162,7 @@ def test_a_table_without_numbers_fits_its_categories():
   layout = InputLayout.of((5, 5), (False, False), 'standardize')
   stats = FeatureStats.fit(layout, codes, y.astype(np.float32))
   z = (y - stats.y_mean_T) / stats.y_std_T
-  fit = ridge.fit(stats, layout, codes, z, np.arange(N) % 2, fits=2)
+  fit = ridge_fit.fit(stats, layout, codes, z, np.arange(N) % 2, fits=2)
   assert fit.kernel_KxDxT.shape == (2, 0, 1)
   assert fit.table_KxVxT.shape == (2, 10, 1)
   assert fit.validation_mse_T[0] < 0.02
@@ -185,9 +188,12 @@ def test_the_optimizer_leaves_the_ridge_part_alone():
   assert not np.any(updates[mlp.FITTED]['weight'])
 
 
+@pytest.mark.slow
 def test_training_moves_the_network_alike_and_the_ridge_part_never(
     small_config, tmp_path):
-  from meshfit import checkpointing, loop, writers  # noqa: PLC0415
+  from meshfit.checkpoints import checkpointer
+  from meshfit.report import writers
+  from meshfit.train import loop  # noqa: PLC0415
   small_config.dataset.validation_fraction = 0.2
   small_config.optimizer.name = 'adamw'
   small_config.optimizer.weight_decay = 0.1
@@ -209,17 +215,17 @@ def test_training_moves_the_network_alike_and_the_ridge_part_never(
   assert 'ridge_weight' not in runs[False][1]
   # The last checkpoint's ridge part is still the closed-form fit.
   parsed = config_lib.parse(small_config)
-  splits = data.load_splits(parsed.dataset, parsed.seed)
+  splits = splits_lib.load_splits(parsed.dataset, parsed.seed)
   train = splits.train
   layout = InputLayout.of(train.plan.input_categories, train.missing_I,
                           parsed.dataset.numeric_scaling)
   setup = make_setup(parsed, layout, train.num_targets)
-  ckpt = checkpointing.Checkpointer(workdir)
+  ckpt = checkpointer.Checkpointer(workdir)
   try:
     state = reading.restore(ckpt, setup, 60)
   finally:
     ckpt.close()
-  fit, _ = ridge.fit_splits(jax.device_get(state.stats), layout, splits)
+  fit, _ = ridge_fit.fit_splits(jax.device_get(state.stats), layout, splits)
   np.testing.assert_array_equal(
       jax.device_get(state.params[mlp.FITTED]['kernel'])[0],
       fit.kernel_KxDxT[0].astype(np.float32))

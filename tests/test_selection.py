@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from meshfit import optim, selection
+from meshfit.model import optim, selection
 
 N, T = 400, 1
 

@@ -8,11 +8,14 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from model_helpers import mlp_config, uniform_hparams
 from configs import default
-from meshfit import config as config_lib, optim, sharding, state as state_lib
+from meshfit import config as config_lib
+from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.errors import UsageError
-from meshfit.features import FeatureStats, InputLayout
-from models.mlp import MlpConfig
+from meshfit.model import optim, state as state_lib
+from meshfit.parallel import sharding
+
 
 
 @pytest.mark.parametrize('data, model, expected', [
@@ -33,7 +36,7 @@ def test_bad_mesh_shapes_are_usage_errors(data, model, message):
 
 def _shardings(hidden, mesh):
   config = default.get_config()
-  arch = state_lib.Architecture(MlpConfig(hidden_sizes=hidden),
+  arch = state_lib.Architecture(mlp_config(hidden_sizes=hidden),
                                 InputLayout.numbers(10), 1)
   tx = optim.make_optimizer(config_lib.parse(config).optimizer, 100)
   return arch, tx, state_lib.state_shardings(arch, tx, mesh)
@@ -80,7 +83,7 @@ def test_state_is_created_in_its_shardings():
   arch, tx, shardings = _shardings((64, 64), mesh)
   state = state_lib.create_train_state(arch, tx, mesh, 0,
                                        FeatureStats.identity(10, 1),
-                                       optim.Hyperparameters.uniform(1, 1e-3))
+                                       uniform_hparams(1, 1e-3))
   actual = jax.tree.map(lambda a: a.sharding.spec, state)
   expected = jax.tree.map(lambda s: s.spec, shardings)
   assert actual == expected
@@ -93,13 +96,13 @@ def test_members_spread_over_the_members_axis():
   mesh = sharding.make_mesh(2, 1, members=4)
   assert dict(mesh.shape) == {'members': 4, 'data': 2, 'model': 1}
   config = default.get_config()
-  arch = state_lib.Architecture(MlpConfig(hidden_sizes=(16,),
+  arch = state_lib.Architecture(mlp_config(hidden_sizes=(16,),
                                           ensemble_size=8),
                                 InputLayout.numbers(10), 1)
   tx = optim.make_optimizer(config_lib.parse(config).optimizer, 100)
   state = state_lib.create_train_state(arch, tx, mesh, 0,
                                        FeatureStats.identity(10, 1),
-                                       optim.Hyperparameters.uniform(8, 1e-3))
+                                       uniform_hparams(8, 1e-3))
   kernel = state.params['hidden'][0]['kernel']
   # Two members per device: a quarter of the ensemble, never all of it.
   assert {s.data.shape for s in kernel.addressable_shards} == {(2, 10, 16)}
@@ -120,7 +123,7 @@ def test_a_two_layer_block_needs_one_all_reduce():
   arch, tx, shardings = _shardings((64, 64), mesh)
   state = state_lib.create_train_state(arch, tx, mesh, 0,
                                        FeatureStats.identity(10, 1),
-                                       optim.Hyperparameters.uniform(1, 1e-3))
+                                       uniform_hparams(1, 1e-3))
   graphdef = state_lib.graphdef(arch)
   from flax import nnx  # noqa: PLC0415
 

@@ -5,7 +5,11 @@ import os
 
 import pytest
 
-from meshfit import config as config_lib, loop, sizing, writers
+from meshfit import config as config_lib
+from meshfit.errors import UsageError
+from meshfit.config import sizing
+from meshfit.report import writers
+from meshfit.train import loop
 
 
 @pytest.mark.parametrize('rows, batch', [
@@ -62,12 +66,13 @@ def test_a_large_table_is_capped_and_evaluated_often_enough(small_config):
 def test_zero_is_the_only_non_positive_value(small_config):
   for key, value in (('batch_size', -1), ('num_train_steps', -5),
                      ('eval_every_steps', -1)):
-    with pytest.raises(config_lib.UsageError, match=f'{key}=.*or 0 to size'):
+    with pytest.raises(UsageError, match=f'{key}=.*or 0 to size'):
       _parsed(small_config, **{key: value})
-  with pytest.raises(config_lib.UsageError, match='train_epochs=0'):
+  with pytest.raises(UsageError, match='train_epochs=0'):
     _parsed(small_config, train_epochs=0)
 
 
+@pytest.mark.slow
 def test_a_sized_run_saves_what_it_resolved_and_resumes(small_config,
                                                          tmp_path):
   config = small_config

@@ -12,11 +12,15 @@ import subprocess
 import sys
 
 import pytest
+from model_helpers import dataset_config
 from cli_helpers import ROOT, regression_frame
 
 from configs import csv as csv_config
 from configs import default
-from meshfit import config as config_lib, data
+from meshfit.data import splits as splits_lib
+
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 SLOW_IMPORTS = ('tensorflow', 'tensorflow_datasets', 'pandas', 'matplotlib')
 
@@ -37,18 +41,21 @@ def _slow_imports_after(code: str) -> list[str]:
 def test_importing_the_pipeline_and_the_runtime_imports_none():
   assert _slow_imports_after(
       'import input_pipeline.column_plan, input_pipeline.csv_regression, '
-      'input_pipeline.order, input_pipeline.tables, meshfit.checkpointing, '
-      'meshfit.config_files, meshfit.evaluate, meshfit.export, meshfit.loop, '
-      'meshfit.metrics, meshfit.plots, meshfit.predict, meshfit.state, '
-      'meshfit.steps, meshfit.writers') == []
+      'input_pipeline.order, input_pipeline.tables, '
+      'meshfit.checkpoints.checkpointer, meshfit.config.json_files, '
+      'meshfit.serve.evaluate, meshfit.serve.export, meshfit.train.loop, '
+      'meshfit.model.metrics, meshfit.report.plots, meshfit.serve.predict, '
+      'meshfit.model.state, meshfit.model.steps, meshfit.report.writers'
+  ) == []
 
 
 def _load_twice(dataset, train_rows: int) -> list[str]:
   """Slow imports of a fresh process loading `dataset` after this one did."""
-  data.load_splits(config_lib.parse_dataset(dataset), 0)  # prepares, parses
+  splits_lib.load_splits(dataset_config(dataset), 0)  # prepares, parses
   return _slow_imports_after(
-      'from meshfit import config, data\n'
-      'splits = data.load_splits(config.parse_dataset('
+      'from meshfit.config import DatasetConfig\n'
+      'from meshfit.data import splits as splits_lib\n'
+      'splits = splits_lib.load_splits(DatasetConfig(**'
       f'{dataset.to_dict()!r}), 0)\n'
       f'assert splits.member_rows == {train_rows}')
 

@@ -7,9 +7,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from meshfit import (call_plan, config as config_lib, data, feeding, inference, optim, sharding, state as state_lib, steps)
-from meshfit.setup import make_setup
-from meshfit.features import FeatureStats, InputLayout
+from model_helpers import dataset_config, jit_train_step
+from meshfit import config as config_lib
+from meshfit.data import feeding, splits as splits_lib
+from meshfit.data.features import FeatureStats, InputLayout
+from meshfit.model import inference, optim, state as state_lib, forward, steps
+from meshfit.model.setup import make_setup
+from meshfit.parallel import sharding
+from meshfit.train import call_plan
 
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
 
@@ -51,7 +56,7 @@ def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
 def one_device_run(request):
   config = request.getfixturevalue('small_config')
   config.model.hidden_sizes = (64, 64)
-  splits = data.load_splits(config_lib.parse_dataset(config.dataset),
+  splits = splits_lib.load_splits(dataset_config(config.dataset),
                             config.seed)
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
   return config, splits, _losses(config, splits, mesh, 40)
@@ -109,7 +114,7 @@ def test_one_step_per_call_matches_the_single_step(one_device_run):
       FeatureStats.fit(setup.arch.layout, splits.train.x_NxF,
                        splits.train.y_NxT),
       optim.Hyperparameters.of(config_lib.parse(config)))
-  step_fn = steps.jit_train_step(setup.graphdef, setup.arch.layout,
+  step_fn = jit_train_step(setup.graphdef, setup.arch.layout,
                                  setup.member_tx, setup.shardings, mesh,
                                  config.log_every_steps)
   feed = feeding.TrainFeed(
@@ -138,7 +143,7 @@ def test_eval_step_matches_numpy(one_device_run):
                              mesh=sharding.make_mesh(4, 2))
   state = jax.device_put(state, setup.shardings)
   result = inference.evaluate_table(setup, state, splits.eval, batch_size=24)
-  pred = np.asarray(steps.predict(setup.graphdef, setup.arch.layout, state,
+  pred = np.asarray(forward.predict(setup.graphdef, setup.arch.layout, state,
                                   splits.eval.x_NxF)[0])
   err = pred[:, 0] - splits.eval.y_NxT[:, 0]
   y = splits.eval.y_NxT[:, 0].astype(np.float64)

@@ -21,7 +21,13 @@ from cli_helpers import override  # noqa: E402
 from configs import csv as csv_config  # noqa: E402
 from input_pipeline import csv_regression, order  # noqa: E402
 from input_pipeline.store import Store  # noqa: E402
-from meshfit import config as config_lib, data, loop, writers  # noqa: E402
+from meshfit import config as config_lib
+from meshfit.data import splits as splits_lib
+from meshfit.report import writers
+from meshfit.train import loop  # noqa: E402
+
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 ROWS = 6000
 STEPS = 40
@@ -89,7 +95,7 @@ def runs(table_files, tmp_path_factory) -> dict[str, str]:
 def test_a_large_table_stays_on_disk(table_files, runs):
   config = _config(table_files, runs['data_dir'],
                    **{'dataset.resident_table_mb': 0})
-  splits = data.load_splits(config_lib.parse(config).dataset, seed=0)
+  splits = splits_lib.load_splits(config_lib.parse(config).dataset, seed=0)
   assert isinstance(splits.train, Store)
   assert splits.train.num_examples == ROWS
   assert splits.validation.num_examples + splits.blocks.num_rows == ROWS

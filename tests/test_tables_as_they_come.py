@@ -16,8 +16,13 @@ from cli_helpers import ROOT, override, run_train
 
 from configs import csv as csv_config
 from input_pipeline.errors import DataError
-from meshfit import evaluate, loop, predict, writers
 from meshfit.errors import UsageError
+from meshfit.report import writers
+from meshfit.serve import evaluate, predict
+from meshfit.train import loop
+
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 PENGUINS = os.path.join(ROOT, 'tests', 'data')
 

@@ -12,10 +12,17 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from meshfit import (checkpointing, config as config_lib, config_files,
-                     evaluate, loop, workdir_lock, writers)
+from meshfit import config as config_lib
+from meshfit.checkpoints import checkpointer, workdir_lock
+from meshfit.config import json_files
 from meshfit.errors import UsageError
-from meshfit.loss_watch import NonFiniteLossError
+from meshfit.report import writers
+from meshfit.serve import evaluate
+from meshfit.train import loop
+from meshfit.train.loss_watch import NonFiniteLossError
+
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
 
 
 def _losses(workdir):
@@ -57,7 +64,7 @@ def test_workdir_layout(trained):
   config, workdir, _ = trained
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [
       '100', '200']
-  saved = config_files.load_json(os.path.join(workdir, 'config.json'))
+  saved = json_files.load_json(os.path.join(workdir, 'config.json'))
   assert saved == config
 
 
@@ -103,7 +110,7 @@ def test_evaluate_writes_json_and_matches_on_other_meshes(trained):
     assert json.load(f) == result
   assert result['rmse'] == pytest.approx(final['rmse'], rel=1e-6)
   for data, model in ((2, 4), (8, 1)):
-    other = config_files.merge_eval_overrides(
+    other = json_files.merge_eval_overrides(
         config, _with_mesh(config, data, model), ['mesh.data', 'mesh.model'])
     assert evaluate.evaluate(other, workdir)['rmse'] == pytest.approx(
         final['rmse'], rel=1e-6)
@@ -246,7 +253,7 @@ def test_incomplete_checkpoint_is_skipped(small_config, tmp_path):
   workdir = str(tmp_path)
   loop.train_and_evaluate(small_config, workdir)
   os.remove(os.path.join(workdir, 'checkpoints', '60',
-                         checkpointing.COMMIT_MARKER))
+                         checkpointer.COMMIT_MARKER))
   final = loop.train_and_evaluate(small_config, workdir)
   assert os.path.isdir(os.path.join(workdir, 'damaged_checkpoints', '60'))
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [

@@ -10,6 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+# Every test here trains (or runs train.py): left out of `make test-fast`.
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UCI_DIR = os.path.join(ROOT, '..', 'shared', 'datasets', 'uci')
 

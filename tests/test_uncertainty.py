@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from meshfit import uncertainty
+from meshfit.model import uncertainty
 
 M, B, T = 3, 5, 2
 

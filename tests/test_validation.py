@@ -7,8 +7,8 @@ import pytest
 
 from input_pipeline import order, tables
 from input_pipeline.errors import DataError
-from meshfit import data
-from meshfit.validation import BestTracker
+from meshfit.data import splits as splits_lib
+from meshfit.train.validation import BestTracker
 
 
 def test_the_best_is_the_lowest_and_patience_stops():
@@ -45,18 +45,18 @@ def test_held_out_rows_are_seeded_and_disjoint():
   table = tables.Table(np.arange(n, dtype=np.float32)[:, None],
                        np.zeros((n, 1), np.float32),
                        tables.generated_plan(1, 1))
-  rest, held = data.hold_out(table, 0.2, seed=3)
+  rest, held = splits_lib.hold_out(table, 0.2, seed=3)
   # A small table's blocks are single rows.
   assert held.num_examples == 10 and rest.num_rows == 40
   rows = np.concatenate([rest.rows(), held.x_NxF[:, 0]])
   assert sorted(rows) == list(range(n))
   assert list(held.x_NxF[:, 0]) == sorted(held.x_NxF[:, 0])  # file order
-  again, _ = data.hold_out(table, 0.2, seed=3)
+  again, _ = splits_lib.hold_out(table, 0.2, seed=3)
   np.testing.assert_array_equal(again.rows(), rest.rows())
-  other, _ = data.hold_out(table, 0.2, seed=4)
+  other, _ = splits_lib.hold_out(table, 0.2, seed=4)
   assert not np.array_equal(other.rows(), rest.rows())
   with pytest.raises(DataError, match='too few to hold out'):
-    data.hold_out(table.rows(np.arange(2)), 0.2, seed=0)
+    splits_lib.hold_out(table.rows(np.arange(2)), 0.2, seed=0)
 
 
 def test_cross_fitted_members_each_leave_out_their_own_fold():
@@ -64,7 +64,7 @@ def test_cross_fitted_members_each_leave_out_their_own_fold():
   table = tables.Table(np.arange(n, dtype=np.float32)[:, None],
                        np.zeros((n, 1), np.float32),
                        tables.generated_plan(1, 1))
-  splits = data.cross_fit(data.Splits(table, table), 5, seed=3,
+  splits = splits_lib.cross_fit(splits_lib.Splits(table, table), 5, seed=3,
                           resident_table_mb=1)
   # Every row validates, in its fold; member m trains on the rest.
   assert splits.validation is table
@@ -74,12 +74,12 @@ def test_cross_fitted_members_each_leave_out_their_own_fold():
     held = np.flatnonzero(splits.validation_fold_N == member % 5)
     assert sorted(np.concatenate([trained, held])) == list(range(n))
   assert splits.member_rows == 40
-  again = data.cross_fit(data.Splits(table, table), 5, seed=3,
+  again = splits_lib.cross_fit(splits_lib.Splits(table, table), 5, seed=3,
                          resident_table_mb=1)
   np.testing.assert_array_equal(again.validation_fold_N,
                                 splits.validation_fold_N)
   with pytest.raises(DataError, match='too few to deal into 5 folds'):
-    data.cross_fit(data.Splits(table.rows(np.arange(3)), table), 5, seed=0,
+    splits_lib.cross_fit(splits_lib.Splits(table.rows(np.arange(3)), table), 5, seed=0,
                    resident_table_mb=1)
 
 
@@ -93,7 +93,7 @@ def test_folds_are_dealt_by_row_whatever_the_files_order():
                        np.zeros((n, 1), np.float32),
                        tables.generated_plan(1, 1))
   assert order.block_rows(n) == 4
-  splits = data.cross_fit(data.Splits(table, table), 5, seed=3,
+  splits = splits_lib.cross_fit(splits_lib.Splits(table, table), 5, seed=3,
                           resident_table_mb=1)
   fold_N = splits.validation_fold_N
   same = np.mean(fold_N[1:] == fold_N[:-1])
@@ -111,5 +111,5 @@ def test_folds_need_the_table_in_memory(tmp_path):
     num_examples = 10**8
   with pytest.raises(DataError, match='needs the table in memory.*'
                      'validation_fraction=0.01'):
-    data.cross_fit(data.Splits(OnDisk(), None), 5, seed=0,
+    splits_lib.cross_fit(splits_lib.Splits(OnDisk(), None), 5, seed=0,
                    resident_table_mb=1024)

@@ -9,7 +9,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
-from meshfit import writers
+from meshfit.report import writers
 
 
 def _tensorboard_scalars(logdir) -> dict[str, dict[int, float]]:

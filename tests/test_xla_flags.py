@@ -4,7 +4,9 @@ import os
 import subprocess
 import sys
 
-from meshfit import xla_flags
+import pytest
+
+from meshfit.parallel import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OURS = '--xla_cpu_enable_concurrency_optimized_scheduler=false'
@@ -27,6 +29,7 @@ def test_a_flag_the_user_set_wins():
       '--xla_cpu_enable_concurrency_optimized_scheduler=true')
 
 
+@pytest.mark.slow
 def test_train_py_sets_them_before_jax_starts_a_backend():
   # train.py's module body applies them; its jax then compiles under them.
   code = ('import os, sys; sys.argv = ["train.py"]; import train, jax; '

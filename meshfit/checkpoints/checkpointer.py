@@ -30,7 +30,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from meshfit.errors import UsageError
-from meshfit.state import TrainState
+from meshfit.model.state import TrainState
 
 # Orbax writes this file last, into every finished checkpoint.
 COMMIT_MARKER = 'commit_success.txt'

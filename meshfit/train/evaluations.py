@@ -1,7 +1,7 @@
 """The training loop's evaluations: members chosen on validation rows.
 
 At every `eval_every_steps` the loop asks `Evaluations.at` to score each
-member on the validation rows (`meshfit/selection.py` weighs them), to
+member on the validation rows (`meshfit/model/selection.py` weighs them), to
 evaluate the weighted model there (the best step is the best of these) and
 on the eval split; at the end `final` evaluates the model that eval and
 predict use.
@@ -11,10 +11,15 @@ import jax
 import numpy as np
 from absl import logging
 
-from meshfit import (checkpointing, data, inference, metrics, optim, reading, ridge, selection, sharding, state as state_lib, steps, writers)
-from meshfit.setup import Setup
+from meshfit.checkpoints import checkpointer, reading
 from meshfit.config import Config
-from meshfit.validation import BestTracker
+from meshfit.data import splits as splits_lib
+from meshfit.model import (inference, metrics, optim, ridge_fit, selection,
+                           state as state_lib, forward)
+from meshfit.model.setup import Setup
+from meshfit.parallel import sharding
+from meshfit.report import writers
+from meshfit.train.validation import BestTracker
 
 
 class Evaluations:
@@ -22,14 +27,14 @@ class Evaluations:
   and the best step), then the eval split."""
 
   def __init__(self, config: Config, setup: Setup,
-               splits: data.Splits, writer: writers.AsyncWriter,
+               splits: splits_lib.Splits, writer: writers.AsyncWriter,
                tracker: BestTracker):
     self._config, self._setup, self._splits = config, setup, splits
     self._writer, self.tracker = writer, tracker
-    self._step = steps.jit_eval_step(setup.graphdef, setup.arch.layout,
+    self._step = forward.jit_eval_step(setup.graphdef, setup.arch.layout,
                                      setup.shardings, setup.mesh,
                                      setup.distribution)
-    self._member_step = steps.jit_member_parts(
+    self._member_step = forward.jit_member_parts(
         setup.graphdef, setup.arch.layout, setup.shardings, setup.mesh)
     self._weights = sharding.member_sharding(setup.mesh)
     self._hparams = optim.Hyperparameters.of(config)
@@ -50,7 +55,7 @@ class Evaluations:
     weights `sweep.select` gives them (and, with ridge parts, their
     weight in the blend)."""
     validation = self._splits.validation
-    mean, var, ridge_out = inference.member_parts(
+    mean, var, ridge_out = inference.table_member_parts(
         self._setup, state, validation.x_NxF, self._config.eval_batch_size,
         self._member_step)
     stats = jax.device_get(state.stats)
@@ -62,7 +67,7 @@ class Evaluations:
     if ridge_out is not None:
       self.choice = selection.blend(self.choice, mean, ridge_out, z, fold_N,
                                     self._folds)
-      state = ridge.with_weight(state, self.choice.ridge_weight_T,
+      state = ridge_fit.with_weight(state, self.choice.ridge_weight_T,
                                 self._setup.shardings)
     if state.num_members > 1 and (
         previous is None or previous.chosen() != self.choice.chosen()):
@@ -130,7 +135,7 @@ class Evaluations:
     return state, (self.tracker.best_loss if improved else None)
 
   def final(self, state: state_lib.TrainState,
-            ckpt: checkpointing.Checkpointer, workdir: str) -> dict:
+            ckpt: checkpointer.Checkpointer, workdir: str) -> dict:
     """The evaluation of the model eval and predict use, with its step."""
     step = int(jax.device_get(state.step))
     if self._splits.validation is None or not self.tracker.best_step:

@@ -5,7 +5,7 @@ import os
 import jax
 from absl import logging
 
-from meshfit.loss_watch import LossWatch
+from meshfit.train.loss_watch import LossWatch
 
 
 class ProfileWindow:

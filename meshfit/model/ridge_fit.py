@@ -29,10 +29,10 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from meshfit import data, features
-from meshfit.setup import Setup
-from meshfit.features import FeatureStats, InputLayout
-from meshfit.state import TrainState
+from meshfit.data import features, splits as splits_lib
+from meshfit.data.features import FeatureStats, InputLayout
+from meshfit.model.setup import Setup
+from meshfit.model.state import TrainState
 from models import mlp
 
 # The fit reads at most this many rows (of the training table, and of the
@@ -196,7 +196,7 @@ def _every(n: int, most: int) -> np.ndarray:
   return np.arange(0, n, -(-n // most))
 
 
-def fit_splits(stats: FeatureStats, layout: InputLayout, splits: data.Splits
+def fit_splits(stats: FeatureStats, layout: InputLayout, splits: splits_lib.Splits
                ) -> tuple[Fit, int]:
   """(the fits, K) for a run's splits: per fold with cross-fitting, else
   one on the training rows scored on the held-out rows."""
@@ -206,7 +206,7 @@ def fit_splits(stats: FeatureStats, layout: InputLayout, splits: data.Splits
     x, y = validation.x_NxF[rows], validation.y_NxT[rows]
     groups, fits = splits.validation_fold_N[rows], len(splits.folds)
   else:
-    train = data.training_sample(splits, RIDGE_ROWS)
+    train = splits_lib.training_sample(splits, RIDGE_ROWS)
     held = _every(validation.num_examples, RIDGE_ROWS)
     x = np.concatenate([validation.x_NxF[held], train.x_NxF])
     y = np.concatenate([validation.y_NxT[held], train.y_NxT])
@@ -215,7 +215,7 @@ def fit_splits(stats: FeatureStats, layout: InputLayout, splits: data.Splits
   return fit(stats, layout, x, z, groups, fits), fits
 
 
-def fit_into(state: TrainState, setup: Setup, splits: data.Splits
+def fit_into(state: TrainState, setup: Setup, splits: splits_lib.Splits
              ) -> TrainState:
   """`state` (a fresh one) with every member's ridge part fitted.
 

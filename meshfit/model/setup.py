@@ -9,9 +9,10 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from meshfit import optim, sharding, state as state_lib
 from meshfit.config import Config
-from meshfit.features import InputLayout
+from meshfit.data.features import InputLayout
+from meshfit.model import optim, state as state_lib
+from meshfit.parallel import sharding
 
 
 @dataclasses.dataclass(frozen=True)

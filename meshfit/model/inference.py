@@ -7,9 +7,11 @@ import jax
 import numpy as np
 
 from input_pipeline.tables import Table
-from meshfit import (feeding, in_flight, metrics, optim, sharding,
-                     state as state_lib, steps, uncertainty)
-from meshfit.setup import Setup
+from meshfit.data import feeding
+from meshfit.model import (metrics, optim, state as state_lib, forward,
+                           uncertainty)
+from meshfit.model.setup import Setup
+from meshfit.parallel import in_flight, sharding
 from models import mlp
 
 
@@ -25,7 +27,7 @@ def predict_table(setup: Setup, state: state_lib.TrainState,
     {'pred': N x T, 'std': N x T} in the targets' original units, and with
     `interval` the central interval's 'lower' and 'upper'.
   """
-  predict_step = steps.jit_predict_step(setup.graphdef, setup.arch.layout,
+  predict_step = forward.jit_predict_step(setup.graphdef, setup.arch.layout,
                                         setup.shardings, setup.mesh, interval)
   names = ('pred', 'std') + (('lower', 'upper') if interval else ())
   outputs = _over_batches(setup, x_NxF, batch_size,
@@ -35,18 +37,18 @@ def predict_table(setup: Setup, state: state_lib.TrainState,
           for i, name in enumerate(names)}
 
 
-def member_parts(setup: Setup, state: state_lib.TrainState,
+def table_member_parts(setup: Setup, state: state_lib.TrainState,
                  x_NxF: np.ndarray, batch_size: int, step=None
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
   """Every member's network (mean_MxNxT, var_MxNxT) and ridge part
   (ridge_MxNxT, None without one), standardised units (to choose members
   and weigh the blend on validation rows).
 
-  `step` is `steps.jit_member_parts` of this set-up when the caller calls
+  `step` is `forward.jit_member_parts` of this set-up when the caller calls
   this often (a new one traces and lowers again).
   """
   if step is None:
-    step = steps.jit_member_parts(setup.graphdef, setup.arch.layout,
+    step = forward.jit_member_parts(setup.graphdef, setup.arch.layout,
                                   setup.shardings, setup.mesh)
   outputs = _over_batches(setup, x_NxF, batch_size, lambda x: step(state, x))
   n = x_NxF.shape[0]
@@ -79,11 +81,11 @@ def evaluate_table(setup: Setup, state: state_lib.TrainState, table: Table,
     state: the train state.
     table: the examples, each counted once.
     batch_size: the global eval batch size.
-    eval_step: `steps.jit_eval_step` of this set-up, when the caller has
+    eval_step: `forward.jit_eval_step` of this set-up, when the caller has
       one already (default: made here).
   """
   if eval_step is None:
-    eval_step = steps.jit_eval_step(setup.graphdef, setup.arch.layout,
+    eval_step = forward.jit_eval_step(setup.graphdef, setup.arch.layout,
                                     setup.shardings, setup.mesh,
                                     setup.distribution)
   batch_sums = (eval_step(state, batch) for batch in feeding.eval_batches(

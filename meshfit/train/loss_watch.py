@@ -8,7 +8,7 @@ checkpoint of its state) is attached to it with `once_checked`.
 
 An ensemble's members are checked one by one: a member whose loss turns
 non-finite (a learning rate too high for it, in a sweep) is reported once
-and left out of the ensemble's predictions (`meshfit/uncertainty.py`) while
+and left out of the ensemble's predictions (`meshfit/model/uncertainty.py`) while
 the others train on; the run stops only when every member has diverged.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from meshfit.in_flight import InFlight
+from meshfit.parallel.in_flight import InFlight
 
 
 class NonFiniteLossError(RuntimeError):

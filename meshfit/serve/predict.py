@@ -20,11 +20,12 @@ import numpy as np
 from absl import logging
 
 from input_pipeline import table_files
-from meshfit import checkpointing, config as config_lib, inference, reading
-from meshfit.setup import make_setup
+from meshfit import config as config_lib
+from meshfit.checkpoints import reading
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.files import atomic_write
+from meshfit.model import inference
 
 if TYPE_CHECKING:
   import pandas as pd
@@ -79,11 +80,8 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
         f'--interval: this model was trained with model.likelihood='
         f"'{config.model.likelihood}' and predicts no distribution; drop "
         "--interval, or train with --config.model.likelihood=gaussian")
-  ckpt = checkpointing.Checkpointer(workdir, read_only=True)
-  try:
-    step = ckpt.step_to_restore(step)
-    plan, layout = reading.read_model(reading.restore_meta(ckpt, step), step,
-                                      ckpt.directory)
+  with reading.SavedModel(workdir, step) as saved:
+    plan, step = saved.plan, saved.step
     target_names = plan.targets
     # The file is checked before the (slower) restore of the arrays.
     frame = table_files.read_frame(input_path, '--input')
@@ -94,12 +92,9 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
                           f'{c} ({n} rows)' for c, n in unseen.items()))
     keep = (table_files.pass_through(frame, keep_columns, input_path,
                                      '--input') if keep_columns else None)
-    setup = make_setup(config, layout, len(target_names))
-    state = reading.restore(ckpt, setup, step)
-  finally:
-    ckpt.close()
+    setup, state = saved.restore(config)
   outputs = inference.predict_table(setup, state, x_NxF,
-                                  config.eval_batch_size, interval)
+                                    config.eval_batch_size, interval)
   if not setup.distribution:
     del outputs['std']  # the members' disagreement alone: not a std of y
   if jax.process_index() == 0:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from meshfit import writers
 from meshfit.files import atomic_write
+from meshfit.report import writers
 
 if TYPE_CHECKING:
   from matplotlib.figure import Figure

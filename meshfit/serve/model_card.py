@@ -13,10 +13,12 @@ from absl import logging
 from input_pipeline import column_plan, csv_regression
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
-from meshfit import data, export_tf, inference, predict, state as state_lib
-from meshfit.setup import Setup
 from meshfit.config import Config
+from meshfit.data import splits as splits_lib
 from meshfit.errors import UsageError
+from meshfit.model import state as state_lib
+from meshfit.model.setup import Setup
+from meshfit.serve import evaluate, export_tf, predict
 
 # Names inside the export directory (export.py writes them).
 JAX_EXPORT_FILE = 'model.jax_export'
@@ -56,15 +58,14 @@ def eval_metrics(config: Config, workdir: str, step: int,
   except (OSError, ValueError):
     pass  # none, or unreadable: computed instead
   try:
-    table = data.load_eval_split(config.dataset, plan)
+    table = splits_lib.load_eval_split(config.dataset, plan)
   except (DataError, UsageError, OSError) as e:
     reason = (f'the eval split {config.dataset.eval_split!r} could not be '
               f'read: {str(e).splitlines()[0][:300]}')
     logging.warning('Exporting without eval metrics: %s', reason)
     return None, reason
-  scores = inference.evaluate_table(setup, state, table, config.eval_batch_size)
   return {'source': 'computed by --mode=export (not written to the workdir)',
-          'step': step, 'split': config.dataset.eval_split, **scores}, None
+          **evaluate.score(config, setup, state, table, step)}, None
 
 
 def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,

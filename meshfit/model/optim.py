@@ -47,14 +47,6 @@ class Hyperparameters:
         np.float32)
     return cls(*chosen.T)
 
-  @classmethod
-  def uniform(cls, members: int, learning_rate: float,
-              weight_decay: float = 0.0,
-              dropout_rate: float = 0.0) -> 'Hyperparameters':
-    """The same values for every member."""
-    return cls(*(np.full(members, v, np.float32)
-                 for v in (learning_rate, weight_decay, dropout_rate)))
-
   def varying(self) -> list[str]:
     """The names of the values that differ between members."""
     return [name for name, values in self.member_values().items()

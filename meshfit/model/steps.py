@@ -1,9 +1,9 @@
-"""Pure train, eval and predict steps over the split train state.
+"""Pure train steps over the split train state.
 
 `train_step` is one optimizer step of every member of the ensemble (vmapped
 over the state's member dimension); `train_call` runs many of them in one
-jitted call, the way training runs. Eval and predict combine the members
-into their weighted mixture (`meshfit/uncertainty.py`). The model is rebuilt
+jitted call, the way training runs (eval and predict: forward.py). The
+model is rebuilt
 from (graphdef, params) inside the traced function, so NNX's graph traversal
 happens once at trace time, never per call (`nnx.jit` runs a small MLP's
 step several times slower than `jax.jit` over the split state:
@@ -20,83 +20,15 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from meshfit import features, sharding, uncertainty
-from meshfit.features import FeatureStats, InputLayout
-from meshfit.metrics import RegressionSums, TrainMetrics
-from meshfit.optim import Hyperparameters
-from meshfit.state import TrainState
+from meshfit.data import features
+from meshfit.data.features import FeatureStats, InputLayout
+from meshfit.model import uncertainty
+from meshfit.model.metrics import TrainMetrics
+from meshfit.model.optim import Hyperparameters
+from meshfit.model.state import TrainState
+from meshfit.parallel import sharding
 
 Batch = dict[str, jax.Array]
-
-
-def member_outputs(graphdef: nnx.GraphDef, layout: InputLayout,
-                   state: TrainState, x_BxF: jax.Array
-                   ) -> tuple[jax.Array, jax.Array]:
-  """Every member's (mean_MxBxT, var_MxBxT) in standardised units (var 0
-  for a squared-error model) for input columns x_BxF: its prediction,
-  blended with its ridge part if it has one."""
-  inputs = features.model_inputs(state.stats, layout, x_BxF)
-
-  def member(params):
-    model = nnx.merge(graphdef, params)
-    return uncertainty.split_outputs(
-        model(inputs['numbers'], inputs['missing'], inputs['codes'],
-              inputs['raw'], blended=True),
-        model.likelihood)
-  return jax.vmap(member)(state.params)
-
-
-def member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
-                 state: TrainState, x_BxF: jax.Array
-                 ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-  """(mean_MxBxT, var_MxBxT, ridge_MxBxT): every member's network alone,
-  as `member_outputs`, and its ridge part's prediction (None without one),
-  standardised units: what the validation rows weigh."""
-  inputs = features.model_inputs(state.stats, layout, x_BxF)
-  args = (inputs['numbers'], inputs['missing'], inputs['codes'],
-          inputs['raw'])
-
-  def member(params):
-    model = nnx.merge(graphdef, params)
-    mean, var = uncertainty.split_outputs(model.network(*args),
-                                          model.likelihood)
-    return mean, var, (None if model.ridge is None
-                       else model.ridge_part(*args))
-  return jax.vmap(member)(state.params)
-
-
-def mixture(graphdef: nnx.GraphDef, layout: InputLayout, state: TrainState,
-            x_BxF: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(w_MxBxT, mean_MxBxT, var_MxBxT): the members' outputs and weights
-  (`uncertainty.member_weights`), standardised units."""
-  mean, var = member_outputs(graphdef, layout, state, x_BxF)
-  return uncertainty.member_weights(state.weights_M, mean, var), mean, var
-
-
-def predict(graphdef: nnx.GraphDef, layout: InputLayout, state: TrainState,
-            x_BxF: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(pred_BxT, std_BxT) of the ensemble in the targets' original units.
-
-  The std is the mixture's: members' variances and their disagreement (for
-  a squared-error model, the disagreement alone).
-  """
-  mean_z, var_z = uncertainty.mixture_moments(
-      *mixture(graphdef, layout, state, x_BxF))
-  return (state.stats.unstandardize_y(mean_z),
-          jnp.sqrt(var_z) * state.stats.y_std_T[None])
-
-
-def predict_interval(graphdef: nnx.GraphDef, layout: InputLayout,
-                     state: TrainState, x_BxF: jax.Array,
-                     probability: jax.Array | float
-                     ) -> tuple[jax.Array, jax.Array]:
-  """(lower_BxT, upper_BxT): the mixture's central `probability` interval,
-  original units."""
-  w, mean, var = mixture(graphdef, layout, state, x_BxF)
-  tail = 0.5 * (1.0 - probability)
-  return tuple(state.stats.unstandardize_y(
-      uncertainty.mixture_quantile(w, mean, var, q))
-               for q in (tail, 1.0 - tail))
 
 
 def encode(stats: FeatureStats, layout: InputLayout, batch: Batch) -> Batch:
@@ -325,52 +257,6 @@ def _merge_steps(train_metrics: TrainMetrics, first_step: jax.Array,
   return jax.lax.fori_loop(0, num_steps, add, train_metrics)
 
 
-def eval_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
-              layout: InputLayout, distribution: bool = False
-              ) -> RegressionSums:
-  """Sums of errors over the batch's real examples (original units); with
-  `distribution` (a gaussian model), of the mixture's negative log density
-  and interval coverage too."""
-  w, mean, var = mixture(graphdef, layout, state, batch['x'])
-  mean_z, _ = uncertainty.mixture_moments(w, mean, var)
-  extra = {}
-  if distribution:
-    z_BxT = state.stats.standardize_y(batch['y'])
-    extra = {'log_density_z_BxT': uncertainty.mixture_log_density(
-        w, mean, var, z_BxT), 'covered_LxBxT': uncertainty.covered_LxBxT(
-            uncertainty.mixture_cdf(w, mean, var, z_BxT))}
-  return RegressionSums.from_model_output(
-      pred_BxT=state.stats.unstandardize_y(mean_z), y_BxT=batch['y'],
-      mask_B=batch['mask'], stats=state.stats, **extra)
-
-
-def jit_train_step(graphdef: nnx.GraphDef, layout: InputLayout,
-                   member_tx: Callable[[Hyperparameters],
-                                       optax.GradientTransformation],
-                   state_shardings: TrainState, mesh: Mesh,
-                   log_every_steps: int, dropout: bool = False
-                   ) -> Callable[[TrainState, Batch],
-                                 tuple[TrainState, jax.Array]]:
-  """One `train_step` on each member's batch of input columns and targets
-  (M x B x ...), jitted: state donated, shardings pinned both ways (a
-  reference for `train_call`)."""
-  batch = sharding.member_batch_sharding(mesh)
-
-  def step(state, batch):
-    x, y = batch['x'], batch['y']
-    flat = encode(state.stats, layout, {'x': x.reshape(-1, x.shape[-1]),
-                                        'y': y.reshape(-1, y.shape[-1])})
-    batch_z = {name: a.reshape(x.shape[:2] + a.shape[1:])
-               for name, a in flat.items()}
-    return train_step(state, batch_z, graphdef=graphdef, member_tx=member_tx,
-                      log_every_steps=log_every_steps, dropout=dropout)[:2]
-  return jax.jit(
-      step,
-      in_shardings=(state_shardings, {'x': batch, 'y': batch}),
-      out_shardings=(state_shardings, sharding.replicated(mesh)),
-      donate_argnums=0)
-
-
 class TrainCall:
   """The jitted `train_call`, taking a chunk as the feed hands it out: a
   streamed chunk's rows (`x`, `y`) are first encoded by `jit_encode_chunk`,
@@ -434,49 +320,3 @@ def jit_encode(mesh: Mesh, layout: InputLayout
                  out_shardings=sharding.replicated(mesh))
 
 
-def jit_eval_step(graphdef: nnx.GraphDef, layout: InputLayout,
-                  state_shardings: TrainState, mesh: Mesh,
-                  distribution: bool = False
-                  ) -> Callable[[TrainState, Batch], RegressionSums]:
-  """`eval_step` jitted once; its sums come back replicated."""
-  batch = sharding.batch_sharding(mesh)
-  return jax.jit(
-      functools.partial(eval_step, graphdef=graphdef, layout=layout,
-                        distribution=distribution),
-      in_shardings=(state_shardings,
-                    {'x': batch, 'y': batch, 'mask': batch}),
-      out_shardings=sharding.replicated(mesh))
-
-
-def jit_predict_step(graphdef: nnx.GraphDef, layout: InputLayout,
-                     state_shardings: TrainState, mesh: Mesh,
-                     interval: float | None = None
-                     ) -> Callable[[TrainState, jax.Array],
-                                   tuple[jax.Array, ...]]:
-  """`predict` jitted once: (pred_BxT, std_BxT), and with `interval` the
-  central interval's (lower_BxT, upper_BxT) too.
-
-  Replicated, so that every process (process 0 writes the file) can read the
-  whole batch's predictions on the host.
-  """
-  def step(state, x_BxF):
-    out = predict(graphdef, layout, state, x_BxF)
-    if interval is not None:
-      out += predict_interval(graphdef, layout, state, x_BxF, interval)
-    return out
-  return jax.jit(step, in_shardings=(state_shardings,
-                                     sharding.batch_sharding(mesh)),
-                 out_shardings=sharding.replicated(mesh))
-
-
-def jit_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
-                     state_shardings: TrainState, mesh: Mesh
-                     ) -> Callable[[TrainState, jax.Array],
-                                   tuple[jax.Array, jax.Array,
-                                         jax.Array | None]]:
-  """`member_parts` jitted once (every member's, for choosing them and the
-  blend); replicated."""
-  return jax.jit(functools.partial(member_parts, graphdef, layout),
-                 in_shardings=(state_shardings,
-                               sharding.batch_sharding(mesh)),
-                 out_shardings=sharding.replicated(mesh))

@@ -3,7 +3,7 @@
 Rows held out of the training file (`data.hold_out`) are evaluated every
 `eval_every_steps`; their loss is the model's loss in standardised units,
 averaged over the targets (the units of `train/loss`), after the ensemble's
-members are chosen on them (`meshfit/selection.py`). The best step
+members are chosen on them (`meshfit/model/selection.py`). The best step
 is checkpointed and kept beside the newest checkpoints; with
 `early_stopping_evals`, training stops once that many evaluations in a row
 have not improved on it. The tracker's state goes into every checkpoint's

@@ -20,15 +20,23 @@ from absl import logging
 
 from input_pipeline.order import block_rows
 from input_pipeline.tables import Table
-from meshfit import (call_plan, checkpoint_policy, checkpointing, compilation_cache, config as config_lib, config_files, data, evaluations as evaluations_lib, feeding, metrics, optim, plots, reading, ridge, sharding, sizing, state as state_lib, steps, workdir_lock, writers)
-from meshfit.setup import Setup, make_setup
+from meshfit import config as config_lib
+from meshfit.checkpoints import checkpointer, reading, workdir_lock
+from meshfit.config import json_files, sizing
 from meshfit.config import Config
+from meshfit.data import feeding, splits as splits_lib
+from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.errors import UsageError
-from meshfit.features import FeatureStats, InputLayout
-from meshfit.loss_watch import LossWatch, NonFiniteLossError
-from meshfit.preemption import Preempted, PreemptionWatch
-from meshfit.profiling import ProfileWindow
-from meshfit.validation import BestTracker
+from meshfit.model import metrics, optim, ridge_fit, state as state_lib, steps
+from meshfit.model.setup import Setup, make_setup
+from meshfit.parallel import compilation_cache, sharding
+from meshfit.report import plots, writers
+from meshfit.train import (call_plan, checkpoint_policy,
+                           evaluations as evaluations_lib)
+from meshfit.train.loss_watch import LossWatch, NonFiniteLossError
+from meshfit.train.preemption import Preempted, PreemptionWatch
+from meshfit.train.profiling import ProfileWindow
+from meshfit.train.validation import BestTracker
 from models import mlp
 
 # Called after each train call is dispatched, with the step it reaches and
@@ -38,7 +46,7 @@ CallObserver = Callable[[int, jax.Array], None]
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict | Config,
-                       workdir: str, *, splits: data.Splits | None = None,
+                       workdir: str, *, splits: splits_lib.Splits | None = None,
                        on_call: CallObserver | None = None) -> dict:
   """Trains `config` in `workdir` (resuming if it holds a run), then evaluates.
 
@@ -66,7 +74,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
                            jax.local_device_count())
   compilation_cache.configure(config.compilation_cache_dir)
   if splits is None:
-    splits = data.load_splits(config.dataset, config.seed)
+    splits = splits_lib.load_splits(config.dataset, config.seed)
   config = _size_to_table(config, splits)
   train = splits.train
   layout = InputLayout.of(train.plan.input_categories, train.missing_I,
@@ -77,7 +85,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
   preemption = PreemptionWatch()
   try:
     with workdir_lock.WorkdirLock(workdir):
-      ckpt = checkpointing.Checkpointer(
+      ckpt = checkpointer.Checkpointer(
           workdir, max_to_keep=config.max_checkpoints_to_keep)
       try:
         state, position, tracker = _restore_or_init(config, setup, ckpt,
@@ -89,11 +97,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
         ckpt.close()
   finally:
     preemption.close()
-  _summarize(config, workdir, final, splits)
+  _close_run(config, workdir, final, splits)
   return final
 
 
-def _size_to_table(config: Config, splits: data.Splits) -> Config:
+def _size_to_table(config: Config, splits: splits_lib.Splits) -> Config:
   """`config` with the keys it leaves at 0 sized to the training rows."""
   data_devices, _ = sharding.mesh_shape(config.mesh.data, config.mesh.model,
                                         jax.device_count(),
@@ -105,7 +113,7 @@ def _size_to_table(config: Config, splits: data.Splits) -> Config:
 
 
 def _restore_or_init(config: Config, setup: Setup,
-                     ckpt: checkpointing.Checkpointer, splits: data.Splits
+                     ckpt: checkpointer.Checkpointer, splits: splits_lib.Splits
                      ) -> tuple[state_lib.TrainState, int, BestTracker]:
   """The newest intact checkpoint's state, input position and best-step
   tracker, or a fresh start.
@@ -124,7 +132,7 @@ def _restore_or_init(config: Config, setup: Setup,
       _check_resumable(meta, config, splits, ckpt, step)
       target = state_lib.abstract_state(setup.arch, setup.tx, setup.mesh)
       state = ckpt.restore_state(step, target)
-    except checkpointing.DamagedCheckpointError as e:
+    except checkpointer.DamagedCheckpointError as e:
       logging.warning('Checkpoint of step %d is damaged and is skipped: %s',
                       step, str(e).splitlines()[0][:300])
       damaged.append(step)
@@ -135,21 +143,21 @@ def _restore_or_init(config: Config, setup: Setup,
             BestTracker.from_json(meta.get('validation'),
                                   config.early_stopping_evals))
   ckpt.set_aside(damaged)
-  sample = data.training_sample(splits)
+  sample = splits_lib.training_sample(splits)
   stats = FeatureStats.fit(setup.arch.layout, sample.x_NxF, sample.y_NxT)
   state = state_lib.create_train_state(setup.arch, setup.tx, setup.mesh,
                                        config.seed, stats,
                                        optim.Hyperparameters.of(config))
   if config.model.ridge_blend:
-    state = ridge.fit_into(state, setup, splits)
+    state = ridge_fit.fit_into(state, setup, splits)
   return state, 0, BestTracker(config.early_stopping_evals)
 
 
-def _check_resumable(meta: dict, config: Config, splits: data.Splits,
-                     ckpt: checkpointing.Checkpointer, step: int) -> None:
+def _check_resumable(meta: dict, config: Config, splits: splits_lib.Splits,
+                     ckpt: checkpointer.Checkpointer, step: int) -> None:
   """Refuses a checkpoint of other data, another meshfit or config."""
   reading.read_model(meta, step, ckpt.directory)
-  config_files.check_resume_compatible(meta['config'], config, step)
+  json_files.check_resume_compatible(meta['config'], config, step)
   if meta.get('train_key') != splits.train_key:
     path = config.dataset.train_path or config.dataset.name
     raise UsageError(
@@ -159,7 +167,7 @@ def _check_resumable(meta: dict, config: Config, splits: data.Splits,
   # A checkpoint without 'fold_rows' dealt the order's blocks into folds:
   # those of a table under 2,048 rows are single rows, the same folds.
   dealt = meta.get('fold_rows', block_rows(splits.train.num_examples))
-  if splits.folds and dealt != data.FOLD_ROWS:
+  if splits.folds and dealt != splits_lib.FOLD_ROWS:
     raise UsageError(
         f'the checkpoint of step {step} in {ckpt.directory} was cross-fitted '
         'on folds of consecutive rows (an older meshfit); this meshfit deals '
@@ -170,7 +178,7 @@ def _check_resumable(meta: dict, config: Config, splits: data.Splits,
 
 
 def _train(config: Config, workdir: str, setup: Setup,
-           splits: data.Splits, ckpt: checkpointing.Checkpointer,
+           splits: splits_lib.Splits, ckpt: checkpointer.Checkpointer,
            preemption: PreemptionWatch, state: state_lib.TrainState,
            position: int, tracker: BestTracker,
            on_call: CallObserver | None) -> dict:
@@ -179,7 +187,7 @@ def _train(config: Config, workdir: str, setup: Setup,
   last_step = initial_step if tracker.stopped else config.num_train_steps
   is_main = jax.process_index() == 0
   if is_main:
-    config_files.save_json(config, os.path.join(workdir, 'config.json'))
+    json_files.save_json(config, os.path.join(workdir, 'config.json'))
     writers.truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'),
                            initial_step)
   writer = writers.AsyncWriter(writers.create_writer(workdir, is_main))
@@ -207,7 +215,7 @@ def _train(config: Config, workdir: str, setup: Setup,
       ckpt, watch, writer, setup.shardings, lambda: {
           'data_position': feed.position, 'config': config.to_dict(),
           'train_key': splits.train_key, 'validation': tracker.to_json(),
-          **({'fold_rows': data.FOLD_ROWS} if splits.folds else {}),
+          **({'fold_rows': splits_lib.FOLD_ROWS} if splits.folds else {}),
           **({'selection': evaluations.choice.to_json()}
              if evaluations.choice else {}),
           **reading.model_meta(splits.train.plan, setup.arch.layout)},
@@ -280,7 +288,7 @@ def _train(config: Config, workdir: str, setup: Setup,
     writer.close()
 
 
-def _plan(config: Config, setup: Setup, splits: data.Splits,
+def _plan(config: Config, setup: Setup, splits: splits_lib.Splits,
           profile: ProfileWindow, initial_step: int, last_step: int,
           position: int):
   """The feed of training chunks, and the lengths of the calls to come.
@@ -362,13 +370,13 @@ class _StepsPerSecond:
     return rate
 
 
-def _summarize(config: Config, workdir: str, final: dict,
-               splits: data.Splits) -> None:
+def _close_run(config: Config, workdir: str, final: dict,
+               splits: splits_lib.Splits) -> None:
   """Draws the loss curve and logs the run's closing line."""
   target_names = splits.train.target_names
   curve = None
   if config.plots and jax.process_index() == 0:
-    train_mean_T = data.training_sample(splits).y_NxT.astype(
+    train_mean_T = splits_lib.training_sample(splits).y_NxT.astype(
         np.float64).mean(axis=0)
     mean_rmse = float(np.mean(np.sqrt(np.mean(
         (splits.eval.y_NxT - train_mean_T)**2, axis=0))))

@@ -11,10 +11,10 @@ from typing import Any
 import ml_collections
 
 from configs import default
-from meshfit import sharding
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.files import atomic_write
+from meshfit.parallel import sharding
 
 # Keys that --mode=eval and --mode=predict may take from the command line:
 # they change how a saved model is evaluated, not what it is.

@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from input_pipeline.order import Blocks, ExampleOrder, Prefetcher
 from input_pipeline.tables import Table
-from meshfit import sharding
+from meshfit.parallel import sharding
 
 Chunk = dict[str, jax.Array | np.ndarray]
 

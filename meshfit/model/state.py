@@ -2,7 +2,7 @@
 
 An ensemble's K members are one state: every parameter and optimizer leaf
 has a leading member dimension (logical name 'member', placed by
-`meshfit/sharding.py`), and member m is initialised from (seed, m) alone, so
+`meshfit/parallel/sharding.py`), and member m is initialised from (seed, m) alone, so
 its values do not depend on how many members there are. A single model is
 the ensemble of one.
 
@@ -22,10 +22,10 @@ import optax
 from flax import nnx, struct
 from jax.sharding import Mesh, PartitionSpec as P
 
-from meshfit import sharding
-from meshfit.features import FeatureStats, InputLayout
-from meshfit.metrics import TrainMetrics
-from meshfit.optim import Hyperparameters
+from meshfit.data.features import FeatureStats, InputLayout
+from meshfit.model.metrics import TrainMetrics
+from meshfit.model.optim import Hyperparameters
+from meshfit.parallel import sharding
 from models.mlp import Mlp, MlpConfig
 
 
@@ -43,7 +43,7 @@ class TrainState:
     hparams: each member's learning rate, weight decay and dropout rate.
     weights_M: each member's weight in the ensemble's prediction (they sum
       to 1; 0 leaves a member out).
-    stats: the training split's statistics (meshfit/features.py).
+    stats: the training split's statistics (meshfit/data/features.py).
     train_metrics: accumulators since the last train-metrics log.
   """
   step: jax.Array
@@ -73,7 +73,7 @@ class Architecture:
 
   def build(self, key: int | jax.Array) -> Mlp:
     """One member, initialised from `key` (a seed or a PRNG key)."""
-    # Logical names stay metadata; meshfit/sharding.py places the arrays.
+    # Logical names stay metadata; meshfit/parallel/sharding.py places the arrays.
     with nnx.use_eager_sharding(False):
       return Mlp(self.mlp, self.layout.shape, self.num_targets,
                  rngs=nnx.Rngs(key))

@@ -14,9 +14,9 @@ import numpy as np
 from clu import metrics as clu_metrics
 from flax import struct
 
-from meshfit import uncertainty
-from meshfit.features import FeatureStats
-from meshfit.in_flight import fetched
+from meshfit.data.features import FeatureStats
+from meshfit.model import uncertainty
+from meshfit.parallel.in_flight import fetched
 
 
 @struct.dataclass

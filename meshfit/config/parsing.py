@@ -1,22 +1,21 @@
-"""The run config, typed: a ConfigDict in, small frozen dataclasses out.
-
-`parse` turns the ConfigDict of `configs/` (or a config.json read back) into
-a `Config` and checks every key once, here; `check_devices` checks it
-against the devices at hand. Nothing after them re-checks: the rest of
-meshfit takes the typed sections it needs. Every problem raises UsageError
-with a message that names the key, the value and the fix; `train.py` turns
-it into `error: ...` and exit status 2.
+"""The run config, checked: `parse` turns the ConfigDict of `configs/` (or a
+config.json read back) into a `Config` and checks every key once, here;
+`check_devices` checks it against the devices at hand. Nothing after them
+re-checks: the rest of meshfit takes the typed sections it needs. Every
+problem raises UsageError with a message that names the key, the value and
+the fix; `train.py` turns it into `error: ...` and exit status 2.
 """
 
-import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from input_pipeline import csv_regression, tables
-from meshfit import sharding
+from meshfit.config.schema import (Config, DatasetConfig, OptimizerConfig,
+                                   SweepConfig, build)
 from meshfit.errors import UsageError
+from meshfit.parallel import sharding
 from models import mlp
 from models.mlp import MlpConfig
 
@@ -27,128 +26,6 @@ NUMERIC_EMBEDDINGS = ('none', 'ple')
 LIKELIHOODS = ('squared_error', 'gaussian')
 SELECTIONS = ('all', 'best', 'greedy')
 KNOWN_DATASETS = tables.GENERATED_DATASETS + (csv_regression.NAME,)
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetConfig:
-  """config.dataset: which data, and how it is read (configs/default.py)."""
-  name: str
-  data_dir: str
-  train_path: str
-  eval_path: str
-  target_columns: tuple[str, ...]
-  feature_columns: tuple[str, ...]
-  categorical_columns: tuple[str, ...]
-  train_split: str
-  eval_split: str
-  standardize: bool
-  numeric_scaling: str
-  validation_fraction: float
-  validation_folds: int
-  prefetch_batches: int
-  resident_table_mb: int
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-  """config.optimizer: optax optimizer and learning-rate schedule."""
-  name: str
-  learning_rate: float
-  schedule: str
-  warmup_steps: int
-  end_learning_rate_factor: float
-  weight_decay: float
-  momentum: float
-  grad_clip_norm: float
-
-
-@dataclasses.dataclass(frozen=True)
-class SweepConfig:
-  """config.sweep: per-member hyperparameters and how members are chosen."""
-  learning_rates: tuple[float, ...]
-  weight_decays: tuple[float, ...]
-  dropout_rates: tuple[float, ...]
-  select: str
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-  """config.mesh: the (members, data, model) device mesh; -1 takes what is
-  left (data or model)."""
-  members: int
-  data: int
-  model: int
-
-
-@dataclasses.dataclass(frozen=True)
-class Config:
-  """The whole run config; each key is declared in configs/default.py."""
-  seed: int
-  dataset: DatasetConfig
-  model: MlpConfig
-  optimizer: OptimizerConfig
-  batch_size: int
-  eval_batch_size: int
-  num_train_steps: int
-  train_epochs: float
-  steps_per_call: int
-  log_every_steps: int
-  eval_every_steps: int
-  checkpoint_every_steps: int
-  checkpoint_every_seconds: float
-  max_checkpoints_to_keep: int
-  early_stopping_evals: int
-  sweep: SweepConfig
-  mesh: MeshConfig
-  compilation_cache_dir: str
-  plots: bool
-  profile_start_step: int
-  profile_num_steps: int
-
-  def to_dict(self) -> dict[str, Any]:
-    """The config as nested plain values (as config.json holds it)."""
-    return dataclasses.asdict(self)
-
-
-_SECTIONS = {'dataset': DatasetConfig, 'model': MlpConfig,
-             'optimizer': OptimizerConfig, 'sweep': SweepConfig,
-             'mesh': MeshConfig}
-# Sequences arrive as lists from JSON; the config holds tuples.
-_TUPLES = ('dataset.target_columns', 'dataset.feature_columns',
-           'dataset.categorical_columns', 'model.hidden_sizes',
-           'sweep.learning_rates', 'sweep.weight_decays',
-           'sweep.dropout_rates')
-
-
-def _build(cls, raw: Mapping[str, Any], prefix: str = ''):
-  """`cls` from the keys of `raw` named as its fields (others ignored)."""
-  values = {}
-  for field in dataclasses.fields(cls):
-    key = f'{prefix}{field.name}'
-    if field.name not in raw:
-      raise UsageError(f'the config has no key {key!r}; start the config file '
-                       'from configs/default.py, which declares every key')
-    value = raw[field.name]
-    if not prefix and field.name in _SECTIONS:
-      value = _build(_SECTIONS[field.name], value, f'{field.name}.')
-    elif key in _TUPLES and isinstance(value, (list, tuple)):
-      value = tuple(value)
-    values[field.name] = value
-  return cls(**values)
-
-
-def _require(ok: bool, message: str) -> None:
-  if not ok:
-    raise UsageError(message)
-
-
-def _is_int(value: Any) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-  return (isinstance(value, (int, float)) and not isinstance(value, bool)
-          and math.isfinite(value))
 
 
 def parse(raw: Mapping[str, Any] | Config) -> Config:
@@ -163,7 +40,7 @@ def parse(raw: Mapping[str, Any] | Config) -> Config:
   """
   if isinstance(raw, Config):
     return raw
-  config = _build(Config, raw)
+  config = build(Config, raw)
   _check_top(config)
   _check_dataset(config.dataset)
   _check_model(config.model)
@@ -172,11 +49,18 @@ def parse(raw: Mapping[str, Any] | Config) -> Config:
   return config
 
 
-def parse_dataset(raw: Mapping[str, Any]) -> DatasetConfig:
-  """Checks config.dataset alone and returns it typed (see `parse`)."""
-  dataset = _build(DatasetConfig, raw, 'dataset.')
-  _check_dataset(dataset)
-  return dataset
+def _require(ok: bool, message: str) -> None:
+  if not ok:
+    raise UsageError(message)
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and math.isfinite(value))
 
 
 def _check_top(config: Config) -> None:

@@ -7,10 +7,17 @@ import jax
 import ml_collections
 import numpy as np
 
-from meshfit import (checkpointing, compilation_cache, config as config_lib, data, inference, optim, plots, reading)
-from meshfit.setup import make_setup
+from input_pipeline.tables import Table
+from meshfit import config as config_lib
+from meshfit.checkpoints import reading
 from meshfit.config import Config
+from meshfit.data import splits as splits_lib
 from meshfit.files import atomic_write
+from meshfit.model import inference, optim
+from meshfit.model.setup import Setup
+from meshfit.model.state import TrainState
+from meshfit.parallel import compilation_cache
+from meshfit.report import plots
 
 
 def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
@@ -39,24 +46,11 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   config = config_lib.parse(config)
   config_lib.check_devices(config, jax.device_count())
   compilation_cache.configure(config.compilation_cache_dir)
-  ckpt = checkpointing.Checkpointer(workdir, read_only=True)
-  try:
-    step = ckpt.step_to_restore(step)
-    plan, layout = reading.read_model(reading.restore_meta(ckpt, step), step,
-                                      ckpt.directory)
-    table = data.load_eval_split(config.dataset, plan)
-    setup = make_setup(config, layout, len(plan.targets))
-    state = reading.restore(ckpt, setup, step)
-  finally:
-    ckpt.close()
-  scores = inference.evaluate_table(setup, state, table, config.eval_batch_size)
-  result = {'step': step, 'split': config.dataset.eval_split, **scores}
-  if state.num_members > 1:
-    result['members'] = inference.members_summary(
-        state, optim.Hyperparameters.of(config))
-  weights = inference.ridge_weights(state, table)
-  if weights is not None:
-    result['ridge_weight'] = weights
+  with reading.SavedModel(workdir, step) as saved:
+    table = splits_lib.load_eval_split(config.dataset, saved.plan)
+    setup, state = saved.restore(config)
+  step = saved.step
+  result = score(config, setup, state, table, step)
   if jax.process_index() == 0:
     os.makedirs(os.path.join(workdir, 'eval'), exist_ok=True)
     with atomic_write(os.path.join(workdir, 'eval', f'step_{step}.json')) as f:
@@ -67,10 +61,10 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
     pred_NxT = inference.predict_table(setup, state, table.x_NxF,
                                      config.eval_batch_size)['pred']
     if jax.process_index() == 0 and setup.distribution:
-      levels = [float(level) for level in scores['coverage']]
+      levels = [float(level) for level in result['coverage']]
       plots.write_calibration_figure(
           os.path.join(workdir, 'eval', f'step_{step}_calibration.png'),
-          levels, np.array([[scores['targets'][t]['coverage'][str(level)]
+          levels, np.array([[result['targets'][t]['coverage'][str(level)]
                              for t in table.target_names]
                             for level in levels]), table.target_names,
           title=f'{os.path.basename(os.path.abspath(workdir))}: step {step}, '
@@ -84,4 +78,20 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
           title=(f'{os.path.basename(os.path.abspath(workdir))}: step {step}'
                  f', split {config.dataset.eval_split!r} of '
                  f'{config.dataset.name}'))
+  return result
+
+
+def score(config: Config, setup: Setup, state: TrainState, table: Table,
+          step: int) -> dict:
+  """What `evaluate` reports of `state` on `table` (and writes to
+  eval/step_N.json): metrics, and the members and ridge weights used."""
+  result = {'step': step, 'split': config.dataset.eval_split,
+            **inference.evaluate_table(setup, state, table,
+                                       config.eval_batch_size)}
+  if state.num_members > 1:
+    result['members'] = inference.members_summary(
+        state, optim.Hyperparameters.of(config))
+  weights = inference.ridge_weights(state, table)
+  if weights is not None:
+    result['ridge_weight'] = weights
   return result

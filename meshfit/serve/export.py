@@ -8,7 +8,7 @@ One directory, written whole or not at all:
 
 Both artifacts take raw features, in the units of the training data, and
 return predictions in the targets' original units: filling missing numbers,
-scaling (`meshfit/features.py`) and, in the SavedModel, the column plan's
+scaling (`meshfit/data/features.py`) and, in the SavedModel, the column plan's
 encoding of text and dates (`export_tf.py`) are inside them, their
 statistics and vocabularies baked in as constants beside the parameters. A
 client that had to scale or encode its own inputs would, the day it got
@@ -39,13 +39,17 @@ from absl import logging
 from flax import nnx
 
 from input_pipeline.column_plan import ColumnPlan
-from meshfit import (checkpointing, config as config_lib, export_tf, model_card, predict, reading, sharding, state as state_lib, steps)
-from meshfit.setup import Setup, make_setup
+from meshfit import config as config_lib
+from meshfit.checkpoints import reading
 from meshfit.config import Config
+from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.errors import UsageError
-from meshfit.features import FeatureStats, InputLayout
-from meshfit.model_card import (FORMAT, JAX_EXPORT_FILE, PLATFORMS,
-                                SAVED_MODEL_DIR)
+from meshfit.model import forward as forward_lib, state as state_lib
+from meshfit.model.setup import Setup
+from meshfit.parallel import sharding
+from meshfit.serve import export_tf, model_card, predict
+from meshfit.serve.model_card import (JAX_EXPORT_FILE, PLATFORMS,
+                                      SAVED_MODEL_DIR)
 
 if TYPE_CHECKING:
   import pandas as pd
@@ -122,17 +126,10 @@ def _restore_on_one_device(
 ) -> tuple[int, ColumnPlan, Setup, state_lib.TrainState]:
   """(step, column plan, set-up, state) of a checkpoint, restored onto a
   one-device mesh whatever mesh trained it."""
-  ckpt = checkpointing.Checkpointer(workdir, read_only=True)
-  try:
-    step = ckpt.step_to_restore(step)
-    plan, layout = reading.read_model(reading.restore_meta(ckpt, step), step,
-                                      ckpt.directory)
-    one_device = sharding.make_mesh(1, 1, jax.local_devices()[:1])
-    setup = make_setup(config, layout, len(plan.targets),
-                               mesh=one_device)
-    return step, plan, setup, reading.restore(ckpt, setup, step)
-  finally:
-    ckpt.close()
+  with reading.SavedModel(workdir, step) as saved:
+    setup, state = saved.restore(
+        config, mesh=sharding.make_mesh(1, 1, jax.local_devices()[:1]))
+  return saved.step, saved.plan, setup, state
 
 
 def check_output_dir(path: str) -> None:
@@ -166,7 +163,7 @@ def forward_fn(graphdef: nnx.GraphDef, layout: InputLayout,
   host = jax.device_get(state)
 
   def forward(x_BxI: jax.Array) -> jax.Array:
-    pred_BxT, std_BxT = steps.predict(graphdef, layout, host, x_BxI)
+    pred_BxT, std_BxT = forward_lib.predict(graphdef, layout, host, x_BxI)
     if not distribution:
       return pred_BxT
     return jnp.stack([pred_BxT, std_BxT], axis=-1).reshape(

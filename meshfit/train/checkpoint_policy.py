@@ -7,14 +7,14 @@ loses at most that much work whatever its speed. Both are decided at the
 end of a call, the same on every host. With validation, the state of each
 new best validation loss is kept (a device copy) and written, with that
 loss, before the next checkpoint of a later step, so that retention keeps it
-beside the newest ones (checkpointing.Checkpointer) and every checkpoint on
+beside the newest ones (checkpointer.Checkpointer) and every checkpoint on
 disk has its best on disk too, at the cost of no extra writes.
 
 With one process, a periodic checkpoint copies the state on device (the next
 call consumes the original) and, once the losses up to it are known to be
 finite, hands the copy to a thread that writes it: the loop does not wait
 for the disk unless checkpoints come faster than it takes them (see
-checkpointing.BackgroundSaver). Several processes must write the same
+checkpointer.BackgroundSaver). Several processes must write the same
 checkpoints in step, so they save each one from the loop.
 """
 
@@ -26,15 +26,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from meshfit import checkpointing, state as state_lib
-from meshfit.loss_watch import LossWatch
-from meshfit.writers import AsyncWriter
+from meshfit.checkpoints import checkpointer
+from meshfit.model import state as state_lib
+from meshfit.report.writers import AsyncWriter
+from meshfit.train.loss_watch import LossWatch
 
 
 class LoopCheckpoints:
   """The loop's checkpoints: periodic ones in the background, others now."""
 
-  def __init__(self, ckpt: checkpointing.Checkpointer, watch: LossWatch,
+  def __init__(self, ckpt: checkpointer.Checkpointer, watch: LossWatch,
                writer: AsyncWriter, shardings: state_lib.TrainState,
                meta: Callable[[], dict], every_steps: int,
                every_seconds: float):
@@ -53,7 +54,7 @@ class LoopCheckpoints:
     self._ckpt, self._watch, self._writer, self._meta = (ckpt, watch, writer,
                                                          meta)
     self._every_steps, self._every_seconds = every_steps, every_seconds
-    self._saver = (checkpointing.BackgroundSaver(ckpt)
+    self._saver = (checkpointer.BackgroundSaver(ckpt)
                    if jax.process_count() == 1 else None)
     self._copy = jax.jit(lambda s: jax.tree.map(jnp.copy, s),
                          out_shardings=shardings)

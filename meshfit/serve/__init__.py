@@ -1,0 +1,5 @@
+"""A saved model put to use: --mode=eval (evaluate), --mode=predict
+(predict) and --mode=export (export, export_tf, model_card).
+
+May import every sub-package but train.
+"""
