@@ -1,5 +1,6 @@
 """BackgroundSaver: periodic checkpoints written without stopping training."""
 
+import os
 import threading
 
 import pytest
@@ -100,3 +101,31 @@ def test_metric_writes_finish_before_the_checkpoint_is_written():
     assert ckpt.saved == [3]
   finally:
     saver.close()
+
+
+def test_a_damaged_best_checkpoint_is_set_aside_for_the_next_best(tmp_path):
+  import jax.numpy as jnp  # noqa: PLC0415
+  ckpt = checkpointer.Checkpointer(str(tmp_path), max_to_keep=3)
+  try:
+    for step, loss in ((10, 0.5), (20, 0.2), (30, None)):
+      ckpt.save(step, {'w': jnp.full(4, step, jnp.float32)}, {'step': step},
+                val_loss=loss)
+    ckpt.wait()
+    for root, _, files in os.walk(tmp_path / 'checkpoints' / '20' / 'state'):
+      for name in files:
+        with open(os.path.join(root, name), 'r+b') as f:
+          f.truncate(0)
+    step, state, loss = ckpt.restore_best({'w': jnp.zeros(4, jnp.float32)})
+    assert (step, loss, float(state['w'][0])) == (10, 0.5, 10.0)
+    assert os.listdir(tmp_path / 'damaged_checkpoints') == ['20']
+    assert ckpt.all_steps() == [10, 30]
+    # With no best left, there is none to restore (the caller's last state).
+    for root, _, files in os.walk(tmp_path / 'checkpoints' / '10' / 'state'):
+      for name in files:
+        with open(os.path.join(root, name), 'r+b') as f:
+          f.truncate(0)
+    assert ckpt.restore_best({'w': jnp.zeros(4, jnp.float32)}) is None
+    assert sorted(os.listdir(tmp_path / 'damaged_checkpoints')) == [
+        '10', '20']
+  finally:
+    ckpt.close()

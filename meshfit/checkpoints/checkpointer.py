@@ -105,6 +105,27 @@ class Checkpointer:
     return min(steps, key=lambda s: _best_metric(self._manager.metrics(s)),
                default=None)
 
+  def restore_best(self, target: TrainState
+                   ) -> tuple[int, TrainState, float] | None:
+    """(step, state, validation loss) of the intact checkpoint of the lowest
+    validation loss, or None when none is left.
+
+    A damaged one found on the way is set aside, like any damaged
+    checkpoint, and the next best is tried: a run must not end, nor every
+    rerun of it, on a best step it cannot read.
+    """
+    while (step := self.best_step()) is not None:
+      try:
+        state = self.restore_state(step, target)
+      except DamagedCheckpointError as e:
+        logging.warning('The best checkpoint, step %d, cannot be read (%s); '
+                        'setting it aside and taking the next best.', step,
+                        str(e).splitlines()[0][:200])
+        self.set_aside([step])
+        continue
+      return step, state, _best_metric(self._manager.metrics(step))
+    return None
+
   def restore_meta(self, step: int) -> dict[str, Any]:
     """The JSON side of a checkpoint: cheap, read before the arrays."""
     self._check_committed(step)

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from meshfit.checkpoints import checkpointer, reading
+from meshfit.checkpoints import checkpointer
 from meshfit.config import Config
 from meshfit.data import splits as splits_lib
 from meshfit.model import (inference, metrics, optim, ridge_fit, selection,
@@ -142,12 +142,18 @@ class Evaluations:
       result = (self._last[1] if self._last and self._last[0] == step else
                 self._evaluate(state, self._splits.eval))
       return {**result, 'step': step}
-    best = self.tracker.best_step
+    best, loss = self.tracker.best_step, self.tracker.best_loss
     best_state = (state if best == step else self.best_state)
     if best_state is None:  # a resumed run: read the best checkpoint back
-      best_state = reading.restore(ckpt, self._setup, best)
+      restored = ckpt.restore_best(state_lib.abstract_state(
+          self._setup.arch, self._setup.tx, self._setup.mesh))
+      if restored is None:  # every best was damaged: the model is the last
+        logging.warning('No best checkpoint is left; the model is the '
+                        'state of step %d.', step)
+        return {**self._evaluate(state, self._splits.eval), 'step': step}
+      best, best_state, loss = restored
     result = {**self._evaluate(best_state, self._splits.eval), 'step': best,
-              'val_loss': self.tracker.best_loss}
+              'val_loss': loss}
     if best_state.num_members > 1:
       result['members'] = inference.members_summary(best_state,
                                                    self._hparams)
