@@ -6,6 +6,7 @@ or `export.export`). README.md has the usage; bad input exits with status 2
 and one `error: ...` line.
 """
 
+import difflib
 import json
 import os
 import sys
@@ -39,17 +40,40 @@ def _fail(message: str) -> None:
 def _config_error(e: Exception, argv: list[str]) -> str:
   """Says what went wrong loading the config file or its overrides."""
   if isinstance(e, (AttributeError, KeyError)):
-    key = str(e).strip('"\'').split("'")[0]
-    override = next((a for a in argv[1:]
-                     if a.startswith('--config.') and key in a), None)
-    if override:
-      return (f'unknown config key {key!r} in {override}; configs/default.py '
-              'declares every key')
+    unknown = _unknown_override(argv)
+    if unknown:
+      return unknown
   first_line = str(e).strip().splitlines()[0] if str(e).strip() else ''
   config_file = next((a.split('=', 1)[1] for a in argv[1:]
                       if a.startswith('--config=')), 'configs/default.py')
   return (f'cannot load config file {config_file}: {type(e).__name__}: '
           f'{first_line}; check the path and that it defines get_config()')
+
+
+def _unknown_override(argv: list[str]) -> str | None:
+  """The first --config.KEY=... whose KEY configs/default.py does not
+  declare, with the nearest declared key, or None."""
+  from configs import default  # noqa: PLC0415  (ml_collections only)
+
+  def keys(tree: dict, prefix: str = '') -> list[str]:
+    out = []
+    for name, value in tree.items():
+      out.append(prefix + name)
+      if isinstance(value, dict):
+        out += keys(value, f'{prefix}{name}.')
+    return out
+
+  known = keys(default.get_config().to_dict())
+  for arg in argv[1:]:
+    if not arg.startswith('--config.'):
+      continue
+    key = arg[len('--config.'):].split('=', 1)[0]
+    if key not in known:
+      close = difflib.get_close_matches(key, known, n=1)
+      hint = f'did you mean {close[0]!r}? ' if close else ''
+      return (f'unknown config key {key!r} in {arg}; {hint}'
+              'configs/default.py declares every key')
+  return None
 
 
 # ml_collections loads the default config file, with the command line's
@@ -190,10 +214,11 @@ def _run() -> None:
   import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
 
   from input_pipeline.errors import DataError  # noqa: PLC0415
-  from meshfit.config import json_files
+  from meshfit.checkpoints import workdir_lock  # noqa: PLC0415
+  from meshfit.config import json_files  # noqa: PLC0415
   from meshfit.errors import UsageError  # noqa: PLC0415
-  from meshfit.serve import evaluate, export, predict
-  from meshfit.train import loop, preemption
+  from meshfit.serve import evaluate, export, predict  # noqa: PLC0415
+  from meshfit.train import loop, preemption  # noqa: PLC0415
   from meshfit.train.loss_watch import NonFiniteLossError  # noqa: PLC0415
 
   logging.info('JAX process %d/%d, local devices: %s', jax.process_index(),
@@ -206,6 +231,7 @@ def _run() -> None:
                          'newest checkpoint')
       loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     else:
+      workdir_lock.check_workdir(FLAGS.workdir)
       saved = json_files.load_json(
           os.path.join(FLAGS.workdir, 'config.json'))
       keys = (json_files.flatten(FLAGS.config) if FLAGS['config'].present

@@ -2,10 +2,12 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from cli_helpers import run_train
+from cli_helpers import ROOT, run_train
 
 # Every test here trains (or runs train.py): left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -88,6 +90,9 @@ def test_bad_config_exits_2_and_leaves_the_workdir_alone(run_42):
 
 @pytest.mark.parametrize('args, message', [
     (['--config.no_such_key=1'], 'no_such_key'),
+    (["--config.model.hiden_sizes=(8,)"], "unknown config key "
+     "'model.hiden_sizes' in --config.model.hiden_sizes=(8,); did you mean "
+     "'model.hidden_sizes'?"),
     (['--config.batch_size=abc'], 'batch_size'),
     (['--mode=fit'], 'mode'),
     (['--config=configs/missing.py'], 'configs/missing.py'),
@@ -108,3 +113,22 @@ def test_a_diverging_run_exits_3_naming_the_step(data_dir, tmp_path):
   assert last.startswith('error: loss is ') and 'at step ' in last
   assert 'the last good checkpoint is step ' in last
   assert 'Traceback' not in proc.stderr
+
+
+def test_a_workdir_this_user_cannot_write_is_named(data_dir, tmp_path):
+  # Root writes anywhere; without CAP_DAC_OVERRIDE it meets the mode bits
+  # as any user would.
+  workdir = tmp_path / 'read_only'
+  workdir.mkdir()
+  os.chmod(workdir, 0o555)
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  proc = subprocess.run(
+      ['setpriv', '--inh-caps=-dac_override', '--bounding-set=-dac_override',
+       sys.executable, 'train.py', f'--workdir={workdir}',
+       f'--config.dataset.data_dir={data_dir}', '--config.num_train_steps=4',
+       '--config.compilation_cache_dir='], cwd=ROOT, env=env,
+      capture_output=True, text=True, timeout=300, check=False)
+  assert_usage_error(proc, f'cannot write in workdir {workdir} (Permission '
+                           'denied)')
+  assert os.listdir(workdir) == []

@@ -118,6 +118,7 @@ def _assert_usage_error(proc, message):
                   "counted): '4,5' is not a number"),
     ('missing_keep_column', "has no column 'key' (asked to keep it)"),
     ('output_is_input', 'is the --input file'),
+    ('output_is_a_directory', 'is a directory; name a file in it'),
     ('no_output', '--mode=predict needs --output'),
     ('input_without_predict', '--input: only for --mode=predict, not '
                               '--mode=eval'),
@@ -141,6 +142,8 @@ def test_bad_predict_requests_exit_2_and_write_nothing(csv_run, case,
                               f'--output={out}', '--keep_columns=id,key'],
       'output_is_input': ['--mode=predict', f'--input={path}',
                           f'--output={path}'],
+      'output_is_a_directory': ['--mode=predict', f'--input={path}',
+                                f'--output={tmp}'],
       'no_output': ['--mode=predict', f'--input={path}'],
       'input_without_predict': ['--mode=eval', f'--input={path}'],
       'missing_step': ['--mode=predict', f'--input={path}', f'--output={out}',
@@ -148,6 +151,60 @@ def test_bad_predict_requests_exit_2_and_write_nothing(csv_run, case,
   }.get(case, ['--mode=predict', f'--input={path}', f'--output={out}'])
   _assert_usage_error(run(f'--workdir={workdir}', *args, devices=1), message)
   assert not out.exists()
+
+
+def _contents(directory: str) -> dict[str, bytes]:
+  return {os.path.relpath(os.path.join(root, name), directory):
+          open(os.path.join(root, name), 'rb').read()
+          for root, _, names in os.walk(directory) for name in names}
+
+
+@pytest.mark.parametrize('mode, output, message', [
+    ('predict', 'config.json', "is the run's own 'config.json'"),
+    ('predict', 'metrics.jsonl', "is the run's own 'metrics.jsonl'"),
+    ('predict', 'checkpoints/150/x.csv', "is the run's own 'checkpoints'"),
+    ('export', 'eval', "is the run's own 'eval'"),
+    ('export', '.', 'is the workdir'),
+])
+def test_outputs_never_land_on_the_run(csv_run, mode, output, message):
+  tmp, workdir, eval_ = csv_run
+  path = tmp / 'rows.csv'
+  eval_.to_csv(path, index=False)
+  before = _contents(workdir)
+  args = ([f'--input={path}'] if mode == 'predict' else [])
+  _assert_usage_error(run(f'--workdir={workdir}', f'--mode={mode}', *args,
+                          f'--output={os.path.join(workdir, output)}',
+                          devices=1), message)
+  assert _contents(workdir) == before
+
+
+@pytest.mark.parametrize('mode', ['eval', 'predict', 'export'])
+def test_a_workdir_that_is_a_file_is_named(csv_run, mode):
+  tmp, _, eval_ = csv_run
+  args = {'eval': [], 'export': [f'--output={tmp}/never'],
+          'predict': [f'--input={tmp}/eval.csv', f'--output={tmp}/never.csv']}
+  _assert_usage_error(run(f'--workdir={tmp}/train.csv', f'--mode={mode}',
+                          *args[mode], devices=1),
+                      f'workdir {tmp}/train.csv is a file')
+
+
+def test_another_eval_file_is_scored_into_files_of_its_own(csv_run):
+  tmp, workdir, eval_ = csv_run
+  own = os.path.join(workdir, 'eval', 'step_300.json')
+  run(f'--workdir={workdir}', '--mode=eval', devices=1, check=0)
+  before = open(own, 'rb').read()
+  assert json.loads(before)['eval_path'] == f'{tmp}/eval.csv'
+  eval_.head(20).to_csv(tmp / 'other.csv', index=False)
+  result = _json(run(f'--workdir={workdir}', '--mode=eval',
+                     f'--config.dataset.eval_path={tmp}/other.csv',
+                     devices=1, check=0))
+  assert result['num_examples'] == 20
+  assert result['eval_path'] == f'{tmp}/other.csv'
+  written = [n for n in os.listdir(os.path.join(workdir, 'eval'))
+             if n.startswith('step_300_other-')]
+  assert sorted(n.split('.', 1)[1] for n in written) == [
+      'json', 'png'], written
+  assert open(own, 'rb').read() == before
 
 
 def test_a_checkpoint_of_an_older_meshfit_is_refused():

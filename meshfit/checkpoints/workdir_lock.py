@@ -84,8 +84,15 @@ class WorkdirLock:
     return f'could not take {self.path}; another trainer is starting'
 
   def __enter__(self) -> 'WorkdirLock':
-    os.makedirs(os.path.dirname(self.path), exist_ok=True)
-    refusal = self._try_acquire() if jax.process_index() == 0 else None
+    workdir = os.path.dirname(self.path)
+    try:
+      os.makedirs(workdir, exist_ok=True)
+      refusal = self._try_acquire() if jax.process_index() == 0 else None
+    except PermissionError as e:  # refused like a held lock: every
+      # process of a job learns of it below
+      refusal = (f'cannot write in workdir {workdir} ({e.strerror}); train '
+                 'into a directory this user may write, or change its '
+                 'permissions')
     if jax.process_count() > 1:
       refused = multihost_utils.broadcast_one_to_all(
           np.int32(refusal is not None))

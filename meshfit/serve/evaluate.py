@@ -1,7 +1,9 @@
 """--mode=eval: a saved checkpoint's metrics on the eval split, and a figure."""
 
+import hashlib
 import json
 import os
+import re
 
 import jax
 import ml_collections
@@ -10,8 +12,9 @@ import numpy as np
 from input_pipeline.tables import Table
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
-from meshfit.config import Config
+from meshfit.config import Config, json_files
 from meshfit.data import splits as splits_lib
+from meshfit.errors import UsageError
 from meshfit.files import atomic_write
 from meshfit.model import inference, optim
 from meshfit.model.setup import Setup
@@ -26,7 +29,9 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
 
   Writes eval/step_N.json and eval/step_N_predictions.png (predicted against
   actual, and residuals); for a model that predicts a distribution, also
-  eval/step_N_calibration.png (observed against nominal coverage).
+  eval/step_N_calibration.png (observed against nominal coverage). An eval
+  file other than the run's own (`dataset.eval_path` overridden) gets names
+  of its own, `step_N_<file>-<hash>`, so that it never replaces the run's.
 
   Args:
     config: the run's saved config (evaluation keys may be overridden).
@@ -51,9 +56,10 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
     setup, state = saved.restore(config)
   step = saved.step
   result = score(config, setup, state, table, step)
+  name = output_name(config, workdir, step)
   if jax.process_index() == 0:
     os.makedirs(os.path.join(workdir, 'eval'), exist_ok=True)
-    with atomic_write(os.path.join(workdir, 'eval', f'step_{step}.json')) as f:
+    with atomic_write(os.path.join(workdir, 'eval', f'{name}.json')) as f:
       json.dump(result, f, indent=2)
       f.write('\n')
   if config.plots:
@@ -63,7 +69,7 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
     if jax.process_index() == 0 and setup.distribution:
       levels = [float(level) for level in result['coverage']]
       plots.write_calibration_figure(
-          os.path.join(workdir, 'eval', f'step_{step}_calibration.png'),
+          os.path.join(workdir, 'eval', f'{name}_calibration.png'),
           levels, np.array([[result['targets'][t]['coverage'][str(level)]
                              for t in table.target_names]
                             for level in levels]), table.target_names,
@@ -71,7 +77,7 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
                 f'interval coverage on {config.dataset.eval_split!r}')
     if jax.process_index() == 0:
       plots.write_predictions_figure(
-          os.path.join(workdir, 'eval', f'step_{step}_predictions.png'),
+          os.path.join(workdir, 'eval', f'{name}_predictions.png'),
           table.y_NxT, pred_NxT, table.target_names,
           train_mean_T=(None if setup.arch.layout.scaling == 'none' else
                         np.asarray(jax.device_get(state.stats.y_mean_T))),
@@ -81,11 +87,29 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   return result
 
 
+def output_name(config: Config, workdir: str, step: int) -> str:
+  """eval/'s name for this evaluation: `step_N` on the run's own eval
+  file, `step_N_<file>-<hash of its path>` on another."""
+  eval_path = config.dataset.eval_path
+  try:
+    own = json_files.load_json(os.path.join(workdir, 'config.json'))
+  except UsageError:  # no saved config: nothing of the run's to keep apart
+    return f'step_{step}'
+  if not eval_path or eval_path == own.dataset.eval_path:
+    return f'step_{step}'
+  stem = re.sub(r'[^A-Za-z0-9_.-]+', '_',
+                os.path.splitext(os.path.basename(eval_path))[0])
+  digest = hashlib.sha256(os.path.abspath(eval_path).encode()).hexdigest()
+  return f'step_{step}_{stem}-{digest[:8]}'
+
+
 def score(config: Config, setup: Setup, state: TrainState, table: Table,
           step: int) -> dict:
   """What `evaluate` reports of `state` on `table` (and writes to
   eval/step_N.json): metrics, and the members and ridge weights used."""
   result = {'step': step, 'split': config.dataset.eval_split,
+            **({'eval_path': config.dataset.eval_path}
+               if config.dataset.eval_path else {}),
             **inference.evaluate_table(setup, state, table,
                                        config.eval_batch_size)}
   if state.num_members > 1:

@@ -47,7 +47,8 @@ from meshfit.errors import UsageError
 from meshfit.model import forward as forward_lib, state as state_lib
 from meshfit.model.setup import Setup
 from meshfit.parallel import sharding
-from meshfit.serve import export_tf, model_card, predict
+from meshfit.serve import (export_tf, model_card, outputs as outputs_lib,
+                           predict)
 from meshfit.serve.model_card import (JAX_EXPORT_FILE, PLATFORMS,
                                       SAVED_MODEL_DIR)
 
@@ -91,6 +92,7 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
         f'--mode=export runs in one process, not {jax.process_count()}; run '
         'it on one host without --coordinator_address (a checkpoint loads '
         'on any mesh)')
+  outputs_lib.check_outside_run(output_dir, workdir, '--output')
   check_output_dir(output_dir)  # before anything slow
   step, plan, setup, state = _restore_on_one_device(config, workdir, step)
   scores, missing = model_card.eval_metrics(config, workdir, step, setup,

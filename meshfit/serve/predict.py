@@ -24,6 +24,7 @@ from meshfit import config as config_lib
 from meshfit.checkpoints import reading
 from meshfit.config import Config
 from meshfit.errors import UsageError
+from meshfit.serve import outputs as outputs_lib
 from meshfit.files import atomic_write
 from meshfit.model import inference
 
@@ -75,6 +76,8 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
     raise UsageError(f'--output {output_path!r} is the --input file; writing '
                      'predictions there would replace the input; name another '
                      'file')
+  outputs_lib.check_outside_run(output_path, workdir, '--output')
+  outputs_lib.check_output_file(output_path)
   if interval is not None and config.model.likelihood != 'gaussian':
     raise UsageError(
         f'--interval: this model was trained with model.likelihood='
@@ -152,10 +155,7 @@ def write_predictions(path: str, outputs: dict[str, np.ndarray] | np.ndarray,
     raise UsageError(f'cannot keep column(s) {", ".join(clash)}: the '
                      'predictions table writes its own column of that name; '
                      'keep other columns')
-  directory = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(directory):
-    raise UsageError(f'cannot write {path!r}: directory {directory!r} does '
-                     'not exist; create it first')
+  outputs_lib.check_output_file(path)
   predictions = pd.DataFrame(dict(zip(names, (
       a[:, t] for t in range(len(target_names)) for a in outputs.values()))))
   table = pd.concat([keep.reset_index(drop=True), predictions], axis=1)

@@ -1,0 +1,48 @@
+"""Where --mode=predict and --mode=export may write: never over the run they
+read, and never into a path that cannot take the output."""
+
+import os
+
+from meshfit.errors import UsageError
+
+# A workdir's own entries (README's outputs table): an output there would
+# replace a file the run needs (config.json overwritten leaves eval,
+# predict and export unable to read the run).
+RUN_ENTRIES = ('config.json', 'metrics.jsonl', 'lock', 'loss_curve.png',
+               'checkpoints', 'damaged_checkpoints', 'eval', 'profile')
+EVENTS_PREFIX = 'events.out.tfevents.'
+
+
+def check_outside_run(output: str, workdir: str, flag: str) -> None:
+  """Refuses an `output` that is the workdir or one of its own entries.
+
+  A new name inside the workdir (runs/x/predictions.csv) is allowed: it
+  replaces nothing of the run.
+
+  Raises:
+    UsageError: `output` would land on the run's own files.
+  """
+  out, run = os.path.abspath(output), os.path.abspath(workdir)
+  if out == run:
+    raise UsageError(f'{flag} {output!r} is the workdir; write the output '
+                     'to a path outside the run')
+  relative = os.path.relpath(out, run)
+  if relative.startswith(os.pardir):
+    return
+  entry = relative.split(os.sep)[0]
+  if entry in RUN_ENTRIES or entry.startswith(EVENTS_PREFIX):
+    raise UsageError(
+        f'{flag} {output!r} is the run\'s own {entry!r} in the workdir; '
+        'writing there would damage the run; name another path')
+
+
+def check_output_file(output: str, flag: str = '--output') -> None:
+  """Refuses a file output that is a directory or has no directory to go
+  into, before any work is done."""
+  if os.path.isdir(output):
+    raise UsageError(f'{flag} {output!r} is a directory; name a file in it, '
+                     f'e.g. {os.path.join(output, "predictions.csv")}')
+  directory = os.path.dirname(os.path.abspath(output))
+  if not os.path.isdir(directory):
+    raise UsageError(f'cannot write {output!r}: directory {directory!r} does '
+                     'not exist; create it first')
