@@ -156,8 +156,10 @@ def date_seconds(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
         np.float64, na_value=np.nan)
     return seconds, np.zeros(len(values), bool)
   blank = values.isna().to_numpy()
-  text = pd.Series(['' if b else as_text(v).strip(WHITESPACE)
-                    for v, b in zip(values, blank)], dtype=object)
+  # Text stripped of ASCII whitespace alone, as TensorFlow strips it.
+  text = pd.Series(['' if b else v.strip(WHITESPACE) if isinstance(v, str)
+                    else as_text(v) for v, b in zip(values, blank)],
+                   dtype=object)
   for pattern, rewrite in DATE_REWRITES:
     text = text.str.replace(pattern, rewrite, regex=True)
   groups = text.str.extract(DATE_PATTERN)

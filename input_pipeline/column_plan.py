@@ -202,9 +202,9 @@ class ColumnPlan:
       values = frame[column.name]
       width = len(column.input_names)
       if column.kind in ('number', 'boolean'):
-        x_NxI[:, i] = cells.checked_numbers(values, column.name, name,
-                               first_row=first_row, training=training,
-                               boolean=column.kind == 'boolean')
+        x_NxI[:, i] = cells.checked_numbers(
+            values, column.name, name, first_row=first_row,
+            training=training, boolean=column.kind == 'boolean')
       elif column.kind == 'category':
         codes, new = _codes(values, column)
         x_NxI[:, i] = codes
@@ -230,8 +230,8 @@ class ColumnPlan:
       if target not in frame.columns:
         raise table_files.missing_column_error(frame, target, name,
                                                ' (a target)')
-      y_NxT[:, t] = cells.checked_numbers(frame[target], target, name, target=True,
-                             first_row=first_row)
+      y_NxT[:, t] = cells.checked_numbers(frame[target], target, name,
+                                          target=True, first_row=first_row)
     return y_NxT
 
 
@@ -268,7 +268,7 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
     if _holds_lists(values):
       raise DataError(f'{name}, column {target!r} (a target) holds lists or '
                       'structs; a target must be one number per row')
-    cells.checked_numbers(values, target, name, target=True)  # checks the cells
+    cells.checked_numbers(values, target, name, target=True)  # raises
     if not values.notna().any():
       raise DataError(f'{name} has no value in target column {target!r}: '
                       'every row is empty; fill it in, or name another '
@@ -353,7 +353,8 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
       # Few numbers and text that recurs (grades 9-12 and 'other'): levels
       # of a category, not a number with typos.
       return _category(present.map(cells.as_text), name, has_missing)
-    cells.checked_numbers(values, name, file_name)  # names the first cell that is text
+    # Raises, naming the first cell that is text.
+    cells.checked_numbers(values, name, file_name)
     return Column(name, 'number', has_missing)
   seconds, bad = cells.date_seconds(present)
   if (~bad).mean() >= NUMERIC_FRACTION:
