@@ -15,11 +15,13 @@ input, in plan order:
   code 1 when the training file had missing cells (else 0), and anything else
   (a value too rare in training or never seen) code 0, the unknown bucket,
   which rare training values teach the model.
-- **datetime**: ISO-8601 dates or timestamps (or Parquet's own), expanded into
-  numbers: days since 1970, year, month, day, weekday, day of the year, and
-  the hour when times of day vary.
-- **left_out**: ids and free text, with nearly one value per row; named in
-  one warning line by the caller.
+- **datetime**: dates or timestamps (cells.py says which forms; or
+  Parquet's own), expanded into numbers: days since 1970, year, month, day,
+  weekday, day of the year, and the hour when times of day vary.
+- **left_out**: ids and free text, with nearly one value per row; columns
+  that hold one value (or none) in every training row, which teach the
+  model nothing and must not move a prediction; lists and structs. Named,
+  with the reason, in one warning line by the caller.
 
 pandas is imported by the functions that need it, not with this module.
 """
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from input_pipeline import table_files
+from input_pipeline import cells, table_files
 from input_pipeline.errors import DataError
 
 if TYPE_CHECKING:
@@ -162,7 +164,8 @@ class ColumnPlan:
     return f'{len(self.features)} feature columns: {text}'
 
   def encode(self, frame: pd.DataFrame, path: str, source: str = '',
-             first_row: int = 0) -> tuple[np.ndarray, dict[str, int]]:
+             first_row: int = 0, training: bool = False
+             ) -> tuple[np.ndarray, dict[str, int]]:
     """The model's input matrix for the rows of `frame`.
 
     Args:
@@ -171,6 +174,11 @@ class ColumnPlan:
       source: the setting or flag the path came from, named in messages.
       first_row: the file's data row index of the frame's first row (a
         chunk of a larger file), for messages.
+      training: the file is read while training (its training or
+        evaluation file): a cell of a date column that is not a date is an
+        error, as text in a number column is. Otherwise (predict, eval of
+        a trained model) such cells are missing, as the exported model
+        reads them, and one warning counts them.
 
     Returns:
       x_NxI, float32, one column per input (see the module doc), rows in
@@ -178,8 +186,10 @@ class ColumnPlan:
       training file did not have (encoded as unknown), for a warning.
 
     Raises:
-      DataError: a used column is missing, or a cell of a number column is
-        text (the message names the column and the first such row).
+      DataError: a used column is missing, a cell of a number column is
+        text, one of a boolean column neither true nor false, or (while
+        `training`) one of a date column no date (the message names the
+        column and the first such row).
     """
     name = table_files.describe(path, source)
     x_NxI = np.empty((len(frame), len(self.input_names)), np.float32)
@@ -192,15 +202,21 @@ class ColumnPlan:
       values = frame[column.name]
       width = len(column.input_names)
       if column.kind in ('number', 'boolean'):
-        x_NxI[:, i] = _numbers(values, column.name, name,
-                               first_row=first_row)
+        x_NxI[:, i] = cells.checked_numbers(
+            values, column.name, name, first_row=first_row,
+            training=training, boolean=column.kind == 'boolean')
       elif column.kind == 'category':
         codes, new = _codes(values, column)
         x_NxI[:, i] = codes
         if new:
           unseen[column.name] = new
       else:
-        x_NxI[:, i:i + width] = _datetime_parts(values, column.parts)
+        seconds, bad = cells.date_seconds(values)
+        if bad.any():
+          cells.bad_dates(values, bad, column.name, name, first_row, training)
+        parts = cells.date_parts(np, seconds)
+        x_NxI[:, i:i + width] = np.stack([parts[p] for p in column.parts],
+                                         axis=1)
       i += width
     return x_NxI, unseen
 
@@ -214,8 +230,8 @@ class ColumnPlan:
       if target not in frame.columns:
         raise table_files.missing_column_error(frame, target, name,
                                                ' (a target)')
-      y_NxT[:, t] = _numbers(frame[target], target, name, target=True,
-                             first_row=first_row)
+      y_NxT[:, t] = cells.checked_numbers(frame[target], target, name,
+                                          target=True, first_row=first_row)
     return y_NxT
 
 
@@ -248,7 +264,15 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
       raise table_files.missing_column_error(frame, column, name,
                                              f' named in {key}')
   for target in target_columns:
-    _numbers(frame[target], target, name, target=True)  # checks the cells
+    values = frame[target]
+    if _holds_lists(values):
+      raise DataError(f'{name}, column {target!r} (a target) holds lists or '
+                      'structs; a target must be one number per row')
+    cells.checked_numbers(values, target, name, target=True)  # raises
+    if not values.notna().any():
+      raise DataError(f'{name} has no value in target column {target!r}: '
+                      'every row is empty; fill it in, or name another '
+                      'column in dataset.target_columns')
   chosen = feature_columns or [c for c in frame.columns
                                if c not in target_columns]
   columns = tuple(_fit_column(frame[c], str(c), c in categorical_columns,
@@ -276,6 +300,20 @@ def left_out_warning(plan: ColumnPlan) -> str | None:
           'dataset.categorical_columns to use it as a category')
 
 
+def unseen_warning(unseen: dict[str, int], path: str) -> str:
+  """The warning for `encode`'s count of cells outside the vocabularies."""
+  return (f'{path} holds categories outside the model\'s vocabulary, read '
+          f'as unknown: values seen fewer than {MIN_COUNT} times in the '
+          'training file (which share the unknown category) or never seen: '
+          + ', '.join(f'{c} ({n} rows)' for c, n in unseen.items()))
+
+
+def _holds_lists(values: pd.Series) -> bool:
+  """Whether cells hold lists or structs (Parquet's nested types)."""
+  return values.dtype == object and bool(values.map(
+      lambda v: isinstance(v, (list, tuple, dict, np.ndarray))).any())
+
+
 def _fit_column(values: pd.Series, name: str, categorical: bool,
                 named: bool, file_name: str) -> Column:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
@@ -286,8 +324,20 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
     # pandas' name for an empty header: most often an index written by
     # DataFrame.to_csv, which must not become a feature.
     return Column(name, 'left_out', reason='no header: an index')
+  if _holds_lists(present):
+    return Column(name, 'left_out', reason='lists or structs, not one value '
+                  'a cell: give each part a column of its own to use it')
+  if not len(present) or (not has_missing
+                          and present.map(cells.as_text).nunique() == 1):
+    # Nothing to learn from, and a value sent at prediction would meet a
+    # scale fit on none: the model must not read it.
+    shown = ('empty' if not len(present) else
+             repr(cells.as_text(present.iloc[0])) if _is_text(present)
+             else cells.as_text(present.iloc[0]))
+    return Column(name, 'left_out',
+                  reason=f'{shown} in every training row: no information')
   if categorical:
-    return _category(present.map(_as_text), name, has_missing)
+    return _category(present.map(cells.as_text), name, has_missing)
   if pd.api.types.is_bool_dtype(values) or _is_boolean_text(present):
     return Column(name, 'boolean', has_missing)
   if pd.api.types.is_datetime64_any_dtype(values):
@@ -295,22 +345,31 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
                   parts=_parts(pd.to_datetime(present)))
   if pd.api.types.is_numeric_dtype(values):
     return Column(name, 'number', has_missing)
-  numbers = pd.to_numeric(present, errors='coerce')
-  if len(present) and numbers.notna().mean() >= NUMERIC_FRACTION:
-    words = present[numbers.isna()].map(_as_text).value_counts()
+  numbers, text_mask = cells.numbers(present)
+  if (~text_mask).mean() >= NUMERIC_FRACTION:
+    words = present[text_mask].map(cells.as_text).value_counts()
     if (len(words) and (words >= MIN_COUNT).all()
-        and numbers.nunique() <= MAX_LEVELS_WITH_TEXT):
+        and pd.Series(numbers).nunique() <= MAX_LEVELS_WITH_TEXT):
       # Few numbers and text that recurs (grades 9-12 and 'other'): levels
       # of a category, not a number with typos.
-      return _category(present.map(_as_text), name, has_missing)
-    _numbers(values, name, file_name)  # names the first cell that is text
+      return _category(present.map(cells.as_text), name, has_missing)
+    # Raises, naming the first cell that is text.
+    cells.checked_numbers(values, name, file_name)
     return Column(name, 'number', has_missing)
-  dates = _parse_dates(present)
-  if len(present) and dates.notna().mean() >= NUMERIC_FRACTION:
-    return Column(name, 'datetime', has_missing, parts=_parts(dates))
-  text = present.map(_as_text)
+  seconds, bad = cells.date_seconds(present)
+  if (~bad).mean() >= NUMERIC_FRACTION:
+    if bad.any():
+      bad_N = np.zeros(len(values), bool)
+      bad_N[np.flatnonzero(~missing.to_numpy())[bad]] = True
+      cells.bad_dates(values, bad_N, name, file_name, 0, training=True)
+    return Column(name, 'datetime', has_missing, parts=_parts(seconds))
+  text = present.map(cells.as_text)
   if (len(text) >= MIN_CELLS_FOR_ID and not named
       and text.nunique() > MAX_DISTINCT_FRACTION * len(text)):
+    if (example := cells.looks_like_slash_dates(text)) is not None:
+      return Column(name, 'left_out', reason=f'dates written like '
+                    f'{example!r}, which is month or day first cannot be '
+                    'told: write them as YYYY-MM-DD to use them')
     return Column(name, 'left_out', reason='nearly one value per row: an id '
                   'or free text')
   return _category(text, name, has_missing)
@@ -322,13 +381,6 @@ def _category(text: pd.Series, name: str, has_missing: bool) -> Column:
   # Most frequent first; ties by value, so that the plan is reproducible.
   vocabulary = tuple(sorted(kept.index, key=lambda v: (-kept[v], v)))
   return Column(name, 'category', has_missing, vocabulary=vocabulary)
-
-
-def _as_text(value: Any) -> str:
-  """A cell as category text: integral floats lose their '.0'."""
-  if isinstance(value, float) and value.is_integer():
-    return str(int(value))
-  return str(value).strip()
 
 
 def _is_text(values: pd.Series) -> bool:
@@ -344,79 +396,21 @@ def _is_boolean_text(present: pd.Series) -> bool:
   return lowered <= {'true', 'false'}
 
 
-def _parse_dates(present: pd.Series) -> pd.Series:
-  import pandas as pd  # noqa: PLC0415  (see the module doc)
-  if not _is_text(present):
-    return pd.Series([], dtype='datetime64[ns]')
-  return pd.to_datetime(present, format='ISO8601', errors='coerce', utc=True)
-
-
-def _parts(dates: pd.Series) -> tuple[str, ...]:
+def _parts(seconds: np.ndarray) -> tuple[str, ...]:
   """The numbers a datetime column becomes (the hour if times vary)."""
-  has_time = bool(len(dates) and (dates.dt.hour != 0).any())
+  hours = cells.date_parts(np, seconds)['hour']
+  has_time = bool((np.nan_to_num(hours) != 0).any())
   return DATETIME_PARTS + (('hour',) if has_time else ())
-
-
-def _numbers(values: pd.Series, column: str, file_name: str,
-             target: bool = False, first_row: int = 0) -> np.ndarray:
-  """float64 values of a number (or boolean) column, NaN where missing.
-
-  Raises:
-    DataError: a cell holds text (or is infinite or beyond float32); the
-      message names the column and the first such data row.
-  """
-  import pandas as pd  # noqa: PLC0415  (see the module doc)
-  if _is_text(values) and _is_boolean_text(values.dropna()):
-    lowered = values.map(lambda v: v if pd.isna(v) else str(v).strip().lower())
-    return lowered.map({'true': 1.0, 'false': 0.0}).to_numpy(
-        np.float64, na_value=np.nan)
-  numbers = pd.to_numeric(values, errors='coerce').to_numpy(
-      np.float64, na_value=np.nan)
-  text = np.isnan(numbers) & values.notna().to_numpy()
-  bad = text | np.isinf(numbers) | (np.abs(np.nan_to_num(numbers))
-                                    > np.finfo(np.float32).max)
-  if bad.any():
-    row = int(np.argmax(bad))
-    cell = values.iloc[row]
-    problem = (f'{cell!r} is not a number' if text[row] else
-               f'{numbers[row]:g} is not a finite float32 number')
-    count = int(bad.sum())
-    more = f' ({count} such cells in this column)' if count > 1 else ''
-    fix = ('fix that cell, or leave it empty for a missing value' if target
-           else 'fix that cell, leave it empty for a missing value, or name '
-           'the column in dataset.categorical_columns to treat it as text')
-    raise DataError(
-        f'{file_name}, column {column!r}, data row {first_row + row + 1} '
-        f'(1-based, header not counted): {problem}{more}; {fix}')
-  return numbers
 
 
 def _codes(values: pd.Series, column: Column) -> tuple[np.ndarray, int]:
   """(codes of a category column's cells, how many cells were unseen)."""
   index = {v: FIRST_VALUE_CODE + i for i, v in enumerate(column.vocabulary)}
   missing = values.isna().to_numpy()
-  text = values.map(lambda v: None if v is None or v != v else _as_text(v))
+  text = values.map(lambda v: None if v is None or v != v
+                    else cells.as_text(v))
   codes = text.map(index).to_numpy(np.float64, na_value=np.nan, copy=True)
   unseen = np.isnan(codes) & ~missing
   codes[unseen] = UNKNOWN_CODE
   codes[missing] = MISSING_CODE if column.has_missing else UNKNOWN_CODE
   return codes.astype(np.float32), int(unseen.sum())
-
-
-def _datetime_parts(values: pd.Series, parts: Sequence[str]) -> np.ndarray:
-  """N x len(parts) float32 numbers of a datetime column (NaN missing)."""
-  import pandas as pd  # noqa: PLC0415  (see the module doc)
-  if pd.api.types.is_datetime64_any_dtype(values):
-    dates = pd.to_datetime(values, utc=True)
-  else:
-    dates = pd.to_datetime(values, format='ISO8601', errors='coerce',
-                           utc=True)
-  epoch = pd.Timestamp('1970-01-01', tz='UTC')
-  compute = {
-      'days': lambda d: (d - epoch) / pd.Timedelta(days=1),
-      'year': lambda d: d.dt.year, 'month': lambda d: d.dt.month,
-      'day': lambda d: d.dt.day, 'weekday': lambda d: d.dt.day_of_week,
-      'dayofyear': lambda d: d.dt.day_of_year, 'hour': lambda d: d.dt.hour,
-  }
-  return np.stack([compute[p](dates).to_numpy(np.float64, na_value=np.nan)
-                   for p in parts], axis=1).astype(np.float32)

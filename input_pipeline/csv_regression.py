@@ -56,7 +56,7 @@ SPLITS = ('train', 'test')
 MANIFEST = 'manifest.json'
 PLAN = 'plan.json'
 # Changing how files are parsed, encoded or stored must change the key.
-_KEY_SCHEMA = 'meshfit.csv_regression/3'
+_KEY_SCHEMA = 'meshfit.csv_regression/4'
 # Rows read, encoded and written at a time: bounds a process's memory.
 CHUNK_ROWS = 1 << 18
 # The column plan is fit on at most about this many training rows.
@@ -315,7 +315,8 @@ def _encode_part(directory: str, plan: ColumnPlan, part: str, path: str,
   def chunks() -> Iterator[np.ndarray]:
     nonlocal missing
     for frame, first_row in table_files.iter_frames(path, source, CHUNK_ROWS):
-      x_NxI, unseen = plan.encode(frame, path, source, first_row)
+      x_NxI, unseen = plan.encode(frame, path, source, first_row,
+                                  training=True)
       y_NxT = plan.targets_of(frame, path, source, first_row)
       keep = ~np.isnan(y_NxT).any(axis=1)
       counts['rows_in_file'] += len(frame)
@@ -334,11 +335,8 @@ def _encode_part(directory: str, plan: ColumnPlan, part: str, path: str,
                     path, ' or '.join(plan.targets),
                     'training' if training else 'evaluation')
   if counts['unseen'] and not training:
-    logging.warning('csv_regression: %s of %s hold categories the '
-                    'training file does not have (unknown to the model): '
-                    '%s.', ', '.join(f'{n} rows' for n in
-                                     counts['unseen'].values()), path,
-                    ', '.join(counts['unseen']))
+    logging.warning('csv_regression: %s.', column_plan.unseen_warning(
+        counts['unseen'], path))
   if not rows:
     raise DataError(f'{table_files.describe(path, source)} has no row with '
                     f'a value for {", ".join(plan.targets)}; give it rows '

@@ -61,7 +61,8 @@ def write_part(path: str, chunks: Iterable[np.ndarray], columns: int) -> int:
         if chunk.ndim != 2 or chunk.shape[1] != columns:
           raise ValueError(f'a chunk of shape {chunk.shape} for a part of '
                            f'{columns} columns')
-        f.write(memoryview(chunk).cast('B'))
+        if chunk.size:  # a chunk of no rows (none has a target) has no view
+          f.write(memoryview(chunk).cast('B'))
         rows += chunk.shape[0]
     os.replace(tmp, path)
   finally:

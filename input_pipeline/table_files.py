@@ -15,6 +15,7 @@ already prepared dataset never parses a file.
 
 from __future__ import annotations
 
+import codecs
 import io
 import os
 import re
@@ -108,6 +109,40 @@ def detect_delimiter(data: bytes) -> str:
   return best if counts[best] else ','
 
 
+def _not_utf8(name: str, pieces: Iterator[bytes]) -> DataError:
+  """The error for a file that is not UTF-8: where, and what to do.
+
+  pandas' own message counts bytes from the start of its buffer and says
+  nothing of a line, so the file is read again up to its first bad byte.
+  """
+  buffer, offset, lines = b'', 0, 0
+  for piece in [*pieces, None]:
+    try:
+      if piece is None:  # the end: a character cut short is bad too
+        codecs.utf_8_decode(buffer, 'strict', True)
+        break
+      buffer += piece
+      _, used = codecs.utf_8_decode(buffer, 'strict', False)
+    except UnicodeDecodeError as e:
+      lines += buffer.count(b'\n', 0, e.start)
+      return DataError(
+          f'{name} is not UTF-8: line {lines + 1} holds byte '
+          f'0x{buffer[e.start]:02x} (byte {offset + e.start + 1} of the '
+          'file), which UTF-8 text cannot; re-save the file as UTF-8 (in a '
+          'spreadsheet: "CSV UTF-8"), or write it as Parquet')
+    lines += buffer.count(b'\n', 0, used)
+    offset += used
+    buffer = buffer[used:]
+  return DataError(f'{name} is not UTF-8 text; re-save the file as UTF-8, '
+                   'or write it as Parquet')
+
+
+def _pieces(path: str) -> Iterator[bytes]:
+  with open(path, 'rb') as f:
+    while piece := f.read(1 << 20):
+      yield piece
+
+
 def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
   # skipinitialspace: "a, b" headers and values are common in hand-made
@@ -127,8 +162,9 @@ def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
   except pd.errors.EmptyDataError:
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row') from None
-  except (pd.errors.ParserError, pd.errors.ParserWarning, UnicodeDecodeError,
-          ValueError) as e:
+  except UnicodeDecodeError:
+    raise _not_utf8(name, iter([data])) from None
+  except (pd.errors.ParserError, pd.errors.ParserWarning, ValueError) as e:
     separated = {',': 'comma', ';': 'semicolon', '\t': 'tab',
                  '|': 'bar'}[delimiter]
     raise DataError(f'{name} is not a readable CSV file ({_one_line(e)}); '
@@ -220,8 +256,7 @@ def _csv_frames(path: str, name: str, chunk_rows: int
   options = dict(skipinitialspace=True, index_col=False, sep=delimiter)
   separated = {',': 'comma', ';': 'semicolon', '\t': 'tab',
                '|': 'bar'}[delimiter]
-  errors = (pd.errors.ParserError, pd.errors.ParserWarning,
-            UnicodeDecodeError, ValueError)
+  errors = (pd.errors.ParserError, pd.errors.ParserWarning, ValueError)
   try:
     with warnings.catch_warnings():
       warnings.simplefilter('error', pd.errors.ParserWarning)
@@ -235,6 +270,8 @@ def _csv_frames(path: str, name: str, chunk_rows: int
   except pd.errors.EmptyDataError:
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row') from None
+  except UnicodeDecodeError:
+    raise _not_utf8(name, _pieces(path)) from None
   except errors as e:
     raise DataError(f'{name} is not a readable CSV file ({_one_line(e)}); '
                      f'check that every row has as many {separated}-separated '

@@ -171,3 +171,146 @@ def test_a_table_of_ids_alone_has_no_usable_feature():
   with pytest.raises(DataError, match='no usable feature besides the '
                      'targets price: id'):
     _fit(frame)
+
+
+# Every form the date parser accepts, the same instant in other forms, an
+# invalid date and garbage: (cell, its UTC instant or None for missing).
+AWKWARD_DATES = [
+    ('2020-07-24', '2020-07-24T00:00:00'),
+    ('2020-07-24T00:00:00+12:00', '2020-07-23T12:00:00'),
+    ('2020-07-24 18:30-05:30', '2020-07-25T00:00:00'),
+    ('2020-07-24T06:15:30.5Z', '2020-07-24T06:15:30.5'),
+    ('2020-07-24T06:15+0200', '2020-07-24T04:15:00'),
+    ('20200724', '2020-07-24T00:00:00'),
+    ('2020-7-4', '2020-07-04T00:00:00'),
+    ('2020-07', '2020-07-01T00:00:00'),
+    ('  2016-02-29  ', '2016-02-29T00:00:00'),
+    ('2021-13-45', None), ('2021-02-29', None), ('2020-07-24T25:00', None),
+    ('garbage', None), ('', None), ('03/15/2021', None),
+]
+
+
+def _dates_plan() -> ColumnPlan:
+  days = pd.date_range('2019-01-01 06:00', periods=30, freq='37h')
+  frame = pd.DataFrame({'when': days.strftime('%Y-%m-%dT%H:%M:%S'),
+                        'y': np.arange(30.0)})
+  return column_plan.fit(frame, ('y',), path='train.csv')
+
+
+def test_awkward_dates_read_as_one_parser_reads_them(caplog):
+  plan = _dates_plan()
+  assert plan.features[0].parts == column_plan.DATETIME_PARTS + ('hour',)
+  cells = [c for c, _ in AWKWARD_DATES]
+  x_NxI, _ = plan.encode(pd.DataFrame({'when': cells}), 'new.csv', '--input')
+  for (cell, instant), row in zip(AWKWARD_DATES, x_NxI):
+    if instant is None:
+      assert np.isnan(row).all(), cell
+      continue
+    t = pd.Timestamp(instant)
+    want = [(t - pd.Timestamp('1970-01-01')) / pd.Timedelta(days=1), t.year,
+            t.month, t.day, t.day_of_week, t.day_of_year, t.hour]
+    np.testing.assert_allclose(row, want, rtol=1e-7, err_msg=cell)
+  # Predict serves every row, as the SavedModel does; a warning counts the
+  # cells that are not dates and names the first.
+  assert ("new.csv' (--input), column 'when': 5 cells are not dates "
+          "(first: data row 10, '2021-13-45')") in caplog.text
+
+
+def test_a_date_column_with_a_bad_cell_is_refused_in_training():
+  frame = pd.DataFrame({'when': [f'2020-01-{d:02d}' for d in range(1, 29)],
+                        'y': np.arange(28.0)})
+  frame.loc[5, 'when'] = '2020-02-30'
+  with pytest.raises(DataError) as e:
+    column_plan.fit(frame, ('y',), path='train.csv')
+  assert ("'train.csv', column 'when', data row 6 (1-based, header not "
+          "counted): '2020-02-30' is not a date") in str(e.value)
+  assert 'YYYY-MM-DD' in str(e.value)
+  plan = column_plan.fit(frame.drop(5), ('y',), path='train.csv')
+  with pytest.raises(DataError, match="data row 6 .*'2020-02-30' is not a "
+                     'date'):
+    plan.encode(frame, 'eval.csv', 'dataset.eval_path', training=True)
+
+
+def test_a_column_without_information_in_training_is_left_out():
+  frame = _table()
+  frame['seven'] = 7.0
+  frame['empty'] = np.nan
+  frame['always'] = 'yes'
+  plan = _fit(frame)
+  reasons = {c.name: c.reason for c in plan.left_out}
+  assert reasons['seven'] == '7 in every training row: no information'
+  assert reasons['empty'] == 'empty in every training row: no information'
+  assert reasons['always'] == "'yes' in every training row: no information"
+  x_NxI, _ = plan.encode(frame, 'train.csv')
+  moved, _ = plan.encode(frame.assign(seven=-100.0, empty=3.0,
+                                      always='no'), 'new.csv')
+  np.testing.assert_array_equal(moved, x_NxI)
+
+
+def test_a_bad_boolean_is_named_where_it_is():
+  plan = _fit(_table())
+  new = _table().iloc[:4].astype({'new': object})
+  new['new'] = ['True', 'false', 'maybe', 'TRUE']
+  with pytest.raises(DataError) as e:
+    plan.encode(new, 'new.csv', '--input')
+  message = str(e.value)
+  assert "column 'new', data row 3" in message
+  assert "'maybe' is not true or false" in message
+  # At predict time the plan is fixed: no advice about training keys.
+  assert 'dataset.' not in message
+  new['new'] = ['True', 'false', None, 'TRUE']
+  x_NxI, _ = plan.encode(new, 'new.csv', '--input')
+  got = x_NxI[:, plan.input_names.index('new')]
+  np.testing.assert_array_equal(got, [1, 0, np.nan, 1])
+
+
+def test_predict_advice_names_no_training_key():
+  plan = _fit(_table())
+  new = _table().astype({'size': object})
+  new.loc[2, 'size'] = 'big'
+  with pytest.raises(DataError) as e:
+    plan.encode(new, 'new.csv', '--input')
+  assert "column 'size', data row 3" in str(e.value)
+  assert 'categorical_columns' not in str(e.value)
+
+
+def test_grouped_thousands_and_percents_are_numbers():
+  n = 30
+  frame = pd.DataFrame({
+      'income': [f'{1000 * i + 234:,}' for i in range(n)],
+      'share': [f'{i + 0.5}%' for i in range(n)],
+      'when': [f'{1 + i % 12:02d}/{1 + i:02d}/2021' for i in range(n)],
+      'y': np.arange(n, dtype=float)})
+  plan = column_plan.fit(frame, ('y',), path='train.csv')
+  kinds = {c.name: c.kind for c in plan.features}
+  assert kinds == {'income': 'number', 'share': 'number',
+                   'when': 'left_out'}
+  when = plan.left_out[0].reason
+  assert "dates written like '01/01/2021'" in when and 'YYYY-MM-DD' in when
+  x_NxI, _ = plan.encode(frame, 'train.csv')
+  np.testing.assert_array_equal(x_NxI[:3, 0], [234, 1234, 2234])
+  np.testing.assert_array_equal(x_NxI[:3, 1], [0.5, 1.5, 2.5])
+  # Commas that are not thousands groups are no number (a decimal comma).
+  frame.loc[4, 'income'] = '4,5'
+  with pytest.raises(DataError, match="data row 5 .*'4,5' is not a number"):
+    column_plan.fit(frame, ('y',), path='train.csv')
+
+
+def test_list_and_struct_cells_are_left_out_and_refused_as_a_target():
+  frame = pd.DataFrame({'a': np.arange(30.0),
+                        'tags': [[i, i + 1] for i in range(30)],
+                        'point': [{'x': i} for i in range(30)],
+                        'y': np.arange(30.0)})
+  plan = column_plan.fit(frame, ('y',), path='train.parquet')
+  reasons = {c.name: c.reason for c in plan.left_out}
+  assert set(reasons) == {'tags', 'point'}
+  assert 'lists or structs' in reasons['tags']
+  with pytest.raises(DataError, match="column 'tags' .* lists or structs"):
+    column_plan.fit(frame, ('tags',), path='train.parquet')
+
+
+def test_a_target_without_any_value_is_refused():
+  frame = _table().assign(price=np.nan)
+  with pytest.raises(DataError, match="'train.csv' has no value in target "
+                     "column 'price'"):
+    _fit(frame)

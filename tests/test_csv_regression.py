@@ -250,7 +250,8 @@ def test_train_py_fits_a_csv_and_writes_metrics(tmp_path):
 # test_column_plan.)
 @pytest.mark.slow
 @pytest.mark.parametrize('case', ['target_as_feature', 'missing_file',
-                                  'non_numeric'])
+                                  'non_numeric', 'bad_date', 'empty_target',
+                                  'latin1'])
 def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
   frame = _frame(16, 0)
   train_path, eval_path = tmp_path / 'train.csv', tmp_path / 'eval.csv'
@@ -262,6 +263,10 @@ def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
       'non_numeric': "column 'b', data row 4 (1-based, header not counted): "
                      "'4,5' is not a number",
       'target_as_feature': "column 'y' is both a target",
+      'bad_date': "column 'when', data row 7 (1-based, header not counted): "
+                  "'2021-13-45' is not a date",
+      'empty_target': "has no value in target column 'y'",
+      'latin1': 'is not UTF-8: line 4 holds byte 0xe9',
   }[case]
   if case == 'missing_file':
     eval_path = 'nope.csv'
@@ -269,6 +274,17 @@ def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
     frame = frame.astype({'b': object})
     frame.loc[3, 'b'] = '4,5'
     frame.to_csv(train_path, index=False)
+  elif case == 'bad_date':
+    frame['when'] = [f'2021-01-{d + 1:02d}' for d in range(len(frame))]
+    frame.to_csv(eval_path, index=False)
+    frame.loc[6, 'when'] = '2021-13-45'
+    frame.to_csv(train_path, index=False)
+  elif case == 'empty_target':
+    frame.assign(y=np.nan).to_csv(train_path, index=False)
+  elif case == 'latin1':
+    frame['town'] = 'Paris'
+    frame.loc[2, 'town'] = 'Orléans'
+    frame.to_csv(train_path, index=False, encoding='latin-1')
   else:
     args.append("--config.dataset.feature_columns=('a', 'y')")
   workdir = tmp_path / 'run'
@@ -282,3 +298,20 @@ def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
   assert last.startswith('error: ') and expected in last, last
   assert result.stderr.count('error: ') == 1
   assert not workdir.exists()
+
+
+def test_rare_training_categories_are_not_called_new(tmp_path, caplog):
+  """Evaluated on its own training file, a category of many levels has
+  rows of levels seen once: unknown to the model, but not new."""
+  frame = _frame(600, 0)
+  frame['shop'] = [f's{i % 450}' for i in range(600)]
+  frame.to_csv(tmp_path / 'train.csv', index=False)
+  dataset = _dataset(tmp_path, str(tmp_path / 'train.csv'),
+                     str(tmp_path / 'train.csv'))
+  with caplog.at_level('WARNING'):
+    _load(dataset)
+  warning = next(r.getMessage() for r in caplog.records
+                 if 'shop' in r.getMessage())
+  assert 'shop (300 rows)' in warning  # s150 ... s449: once each
+  assert 'seen fewer than 2 times in the training file' in warning
+  assert 'does not have' not in warning

@@ -24,7 +24,9 @@ import pandas as pd
 import pytest
 
 from cli_helpers import regression_frame, run_train
+from test_column_plan import AWKWARD_DATES
 from configs import csv as csv_config, default
+from input_pipeline import column_plan
 from input_pipeline.column_plan import ColumnPlan
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
@@ -432,3 +434,58 @@ def test_tensorflow_keeps_every_signature_name_as_given(tmp_path):
   _, check = export.write_artifacts(str(tmp_path), forward, plan, probe,
                                     input_names, ('total (€)_pred',))
   assert max(check.values()) < 1e-6
+
+
+def test_the_saved_model_reads_awkward_dates_as_predict_does(tmp_path):
+  """Each of a date's numbers, from every form, invalid dates, blanks and
+  garbage: the SavedModel's encoding must equal the plan's (predict's)."""
+  plan = ColumnPlan((column_plan.Column(
+      'when', 'datetime', parts=column_plan.DATETIME_PARTS + ('hour',)),),
+                    ('y',))
+  width = len(plan.input_names)
+  outputs = tuple(f'p{i}' for i in range(width))
+  cells = [c for c, _ in AWKWARD_DATES] + ['2020-07-24T00:00:00-00:30',
+                                           '1969-12-31T23:59:59', '0001-1-1']
+  probe = pd.DataFrame({'when': cells})
+  export_tf.write_saved_model(lambda x_BxI: x_BxI, str(tmp_path / 'sm'),
+                              plan, ('when',), outputs, ('cpu',))
+  served = export_tf.serve_saved_model(
+      str(tmp_path / 'sm'), {'when': np.array(cells, object)}, outputs)
+  want, _ = plan.encode(probe, 'new.csv', '--input')
+  np.testing.assert_array_equal(served, want)
+  assert np.isnan(want).all(axis=1).sum() == 6  # the missing of the list
+
+
+def test_predict_and_the_saved_model_agree_on_awkward_dates(runs, tmp_path):
+  """The trained mixed run: rows whose date is in every accepted form, with
+  offsets, invalid, blank or garbage, through --mode=predict and through
+  the SavedModel: the same predictions."""
+  workdir, eval_csv, out, _, _ = runs['mixed']
+  rows = pd.read_csv(eval_csv).iloc[:1]
+  awkward = rows.loc[rows.index.repeat(len(AWKWARD_DATES))].reset_index(
+      drop=True)
+  awkward['sold'] = [c for c, _ in AWKWARD_DATES]
+  awkward.to_csv(tmp_path / 'awkward.csv', index=False)
+  proc = run_train('--mode=predict', f'--workdir={workdir}',
+                   f'--input={tmp_path}/awkward.csv',
+                   f'--output={tmp_path}/pred.csv', devices=1, check=0)
+  # Served, not refused: one warning counts the cells that are no date.
+  assert "5 cells are not dates (first: data row 10, '2021-13-45')" in (
+      proc.stderr)
+  card = _card(out)
+  frame = pd.read_csv(tmp_path / 'awkward.csv', dtype={'sold': str},
+                      keep_default_na=False)
+  columns = {
+      'area': frame['area'].astype(np.float32).to_numpy(),
+      'city': frame['city'].astype(str).to_numpy(object),
+      'new': frame['new'].map({'true': 1.0, 'false': 0.0, True: 1.0,
+                               False: 0.0}).to_numpy(np.float32),
+      'sold': frame['sold'].to_numpy(object)}
+  served = export_tf.serve_saved_model(
+      str(out / 'saved_model'), columns,
+      [t['signature_output'] for t in card['targets']])
+  predicted = _predicted(tmp_path / 'pred.csv', card)
+  np.testing.assert_allclose(served, predicted, rtol=RTOL, atol=1e-5)
+  # The offset moves the date: 2020-07-24T00:00+12:00 is the 23rd in UTC.
+  assert predicted[1, 0] != predicted[0, 0]
+  assert 'UTC offset' in card['dates']['text']

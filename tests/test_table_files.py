@@ -87,3 +87,20 @@ def test_pass_through_keeps_columns_and_refuses_a_missing_one(tmp_path):
   with pytest.raises(DataError, match=r"no column 'key' \(asked to keep"):
     table_files.pass_through(frame, ['key'], path)
   assert isinstance(kept, pd.DataFrame)
+
+
+@pytest.mark.parametrize('whole', [True, False])
+def test_a_file_that_is_not_utf8_is_named_with_the_line_and_the_fix(
+    tmp_path, whole):
+  bad = tmp_path / 'train.csv'
+  bad.write_bytes('town,y\nParis,1\nOrléans,2\n'.encode('latin-1'))
+  with pytest.raises(DataError) as e:
+    if whole:  # predict's reading
+      table_files.read_frame(str(bad), '--input')
+    else:  # training's, a chunk at a time
+      list(table_files.iter_frames(str(bad), '--input', 1))
+  message = str(e.value)
+  assert 'is not UTF-8: line 3 holds byte 0xe9 (byte 19 of the file)' in (
+      message)
+  assert 're-save the file as UTF-8' in message
+  assert 'fields as the header' not in message

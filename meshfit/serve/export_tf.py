@@ -2,8 +2,10 @@
 
 The signature takes each feature column as a user's table holds it: numbers
 (and booleans, as 1 or 0) as float32 with NaN for a missing value,
-categories as their text (an empty string is missing), dates as ISO-8601
-text ('2016-07-02' or '2016-07-02T14:30:00', read as UTC). TensorFlow ops
+categories as their text (an empty string is missing), dates as text in
+the forms input_pipeline/cells.py reads ('2016-07-02',
+'2016-07-02T14:30:00+02:00'; without an offset, UTC), a cell that is no
+date being missing, as predict reads it. TensorFlow ops
 turn them into the model's input columns exactly as the column plan does
 (input_pipeline/column_plan.py), and the model itself is the StableHLO of
 the jax.export artifact (jax2tf's native serialization), run by
@@ -21,7 +23,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from input_pipeline import column_plan
+from input_pipeline import cells, column_plan
 from input_pipeline.column_plan import ColumnPlan
 
 SIGNATURE = 'serving_default'
@@ -151,45 +153,54 @@ def _tf_encoder(tf, column: column_plan.Column):
 
 
 def _tf_date_parts(tf, text, parts: Sequence[str]):
-  """[b, len(parts)] numbers of ISO-8601 dates (NaN where empty)."""
+  """[b, len(parts)] numbers of date texts, NaN where missing or no date.
+
+  The rules are input_pipeline/cells.py's, which predict applies: its
+  regular expressions (RE2 reads them as Python does) and its arithmetic,
+  run here on float64 tensors.
+  """
   text = tf.strings.strip(text)
-  # Padded, so that every field's position exists (an empty or date-only
-  # text reads a time of 00:00:00; masked by the text's length below).
-  padded = tf.strings.join([text, tf.fill(tf.shape(text),
-                                          '0000-01-01T00:00:00')])
+  for pattern, rewrite in cells.DATE_REWRITES:
+    text = tf.strings.regex_replace(text, pattern, rewrite)
+  matched = tf.strings.regex_full_match(text, cells.DATE_PATTERN)
+  # Every row split into DATE_GROUPS fields: one that is no date is read
+  # as a stand-in date, then masked by `matched`.
+  fields = tf.strings.regex_replace(
+      tf.where(matched, text, '1970-01-01'), cells.DATE_PATTERN,
+      ';'.join(f'\\{g + 1}' for g in range(cells.DATE_GROUPS)))
+  fields = tf.strings.split(fields, ';').to_tensor(
+      '', shape=[None, cells.DATE_GROUPS])
 
-  def number(start, length):
-    return tf.strings.to_number(tf.strings.substr(padded, start, length),
+  def number(g):
+    field = fields[:, g]
+    return tf.strings.to_number(tf.where(field == '', '0', field),
                                 tf.float64)
-  year, month, day = number(0, 4), number(5, 2), number(8, 2)
-  timed = tf.strings.length(text) >= 13
-  hour = tf.where(timed, number(11, 2), 0.0)
-  minute = tf.where(tf.strings.length(text) >= 16, number(14, 2), 0.0)
-  second = tf.where(tf.strings.length(text) >= 19, number(17, 2), 0.0)
+  sign = tf.where(fields[:, 6] == '-', -1.0, tf.where(fields[:, 6] == '+',
+                                                      1.0, 0.0))
+  values = [tf.cast(sign if g == 6 else number(g), tf.float64)
+            for g in range(cells.DATE_GROUPS)]
+  math = _TfMath(tf)
+  seconds = cells.date_seconds_of_fields(math, values, matched)
+  computed = cells.date_parts(math, seconds)
+  return tf.cast(tf.stack([computed[p] for p in parts], axis=1), tf.float32)
 
-  def days_from_civil(y, m, d):
-    # Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant).
-    y = y - tf.cast(m <= 2, tf.float64)
-    era = tf.math.floor(y / 400.0)
-    yoe = y - era * 400.0
-    mp = tf.math.floormod(m + 9.0, 12.0)
-    doy = tf.math.floor((153.0 * mp + 2.0) / 5.0) + d - 1.0
-    doe = (yoe * 365.0 + tf.math.floor(yoe / 4.0)
-           - tf.math.floor(yoe / 100.0) + doy)
-    return era * 146097.0 + doe - 719468.0
-  days = days_from_civil(year, month, day)
-  values = {
-      'days': days + (hour * 3600.0 + minute * 60.0 + second) / 86400.0,
-      'year': year, 'month': month, 'day': day,
-      'weekday': tf.math.floormod(days + 3.0, 7.0),  # 1970-01-01: Thursday
-      'dayofyear': days - days_from_civil(year, tf.ones_like(year),
-                                          tf.ones_like(year)) + 1.0,
-      'hour': hour,
-  }
-  out = tf.stack([values[p] for p in parts], axis=1)
-  empty = tf.repeat((text == '')[:, None], len(parts), axis=1)
-  out = tf.where(empty, tf.constant(np.nan, tf.float64), out)
-  return tf.cast(out, tf.float32)
+
+class _TfMath:
+  """What cells.py's date arithmetic takes of numpy, in TensorFlow."""
+
+  nan = float('nan')
+
+  def __init__(self, tf):
+    self.floor = tf.math.floor
+    self.ones_like = tf.ones_like
+
+    def where(condition, a, b):
+      a = tf.convert_to_tensor(a, tf.float64)
+      b = tf.convert_to_tensor(b, tf.float64)
+      shape = tf.shape(condition)
+      return tf.where(condition, tf.broadcast_to(a, shape),
+                      tf.broadcast_to(b, shape))
+    self.where = where
 
 
 def serve_saved_model(path: str, columns: dict[str, np.ndarray],

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import jax
 from absl import logging
 
-from input_pipeline import column_plan, csv_regression
+from input_pipeline import cells, column_plan, csv_regression
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 from meshfit.config import Config
@@ -107,7 +107,7 @@ def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,
                     '"inputs", raw: numbers in their units (NaN where '
                     'missing), a category as its code (0 unknown, 1 '
                     'missing, 2 + its index in "vocabulary"), a date as its '
-                    'parts; filling and scaling are inside'),
+                    'parts (see "dates"); filling and scaling are inside'),
           'inputs': list(plan.input_names),
           'output': (f'float32[b, {len(output_names)}]: the columns of '
                      '"outputs"'),
@@ -118,11 +118,19 @@ def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,
           'inputs': ('one [b] tensor per feature, named by its '
                      '"signature_input": float32 numbers (NaN missing), '
                      'booleans as 1/0, categories as text (empty missing), '
-                     'dates as ISO-8601 text (UTC)'),
+                     'dates as text (see "dates")'),
           'outputs': ('one float32 [b] tensor per name of '
                       '"jax_export.outputs": each target\'s prediction '
                       '("signature_output") and, for a gaussian model, its '
                       'std')},
+      'dates': {
+          'text': (f'{cells.DATE_FORMS}; a time without an offset is UTC. '
+                   'A cell of another form, or naming no real date or time '
+                   '(2021-13-45), is missing, as predict reads it'),
+          'parts': ('of the UTC instant: days (since 1970-01-01, the time '
+                    'of day as a fraction), year, month, day, weekday '
+                    '(Monday 0), dayofyear (1 for January 1st), hour; all '
+                    'NaN where missing')},
       'check': {'probe_rows': 4, 'max_relative_difference': check},
       'step': step,
       'workdir': os.path.abspath(workdir),
