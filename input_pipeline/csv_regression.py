@@ -34,8 +34,6 @@ manifest and in one warning line.
 """
 
 import contextlib
-import glob
-import hashlib
 import json
 import os
 import shutil
@@ -45,7 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from absl import logging
 
-from input_pipeline import column_plan, table_files
+from input_pipeline import column_plan, file_keys, table_files
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 from input_pipeline.store import Part, Store, write_part
@@ -55,107 +53,12 @@ NAME = 'csv_regression'
 SPLITS = ('train', 'test')
 MANIFEST = 'manifest.json'
 PLAN = 'plan.json'
-# Changing how files are parsed, encoded or stored must change the key.
-_KEY_SCHEMA = 'meshfit.csv_regression/4'
 # Rows read, encoded and written at a time: bounds a process's memory.
 CHUNK_ROWS = 1 << 18
 # The column plan is fit on at most about this many training rows.
 PLAN_SAMPLE_ROWS = 1 << 20
-_HASH_READ = 8 << 20
 
 Barrier = Callable[[str], None]
-# (this process's array) -> every process's, stacked (jax's
-# multihost_utils.process_allgather).
-Gather = Callable[[np.ndarray], np.ndarray]
-
-
-def train_files(train_path: str | Sequence[str]) -> list[str]:
-  """The training files a `dataset.train_path` names, in order.
-
-  A string is split at commas unless it names a file as it is; a path with
-  glob characters stands for its matches, sorted.
-
-  Raises:
-    DataError: a glob matches nothing, or a file is named twice.
-  """
-  if isinstance(train_path, str):
-    paths = ([train_path] if os.path.isfile(train_path) else
-             [p.strip() for p in train_path.split(',') if p.strip()] or [''])
-  else:
-    paths = list(train_path)
-  files = []
-  for path in paths:
-    if glob.has_magic(path):
-      matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
-      if not matches:
-        raise DataError(f'dataset.train_path {path!r} matches no file; give '
-                        'the path of a CSV or Parquet file, or a glob such '
-                        'as data/train-*.parquet')
-      files.extend(matches)
-    else:
-      files.append(path)
-  seen = set()
-  for path in files:
-    if os.path.abspath(path) in seen:
-      raise DataError(f'dataset.train_path names {path!r} twice; name each '
-                      'training file once')
-    seen.add(os.path.abspath(path))
-  return files
-
-
-def file_digest(path: str, source: str = '') -> bytes:
-  """sha256 of a file's bytes, read in pieces (never the whole file).
-
-  Raises:
-    DataError: the file is missing or not a file.
-  """
-  table_files.check_file(path, source)
-  digest = hashlib.sha256()
-  with open(path, 'rb') as f:
-    while piece := f.read(_HASH_READ):
-      digest.update(piece)
-  return digest.digest()
-
-
-def _digests(paths: Sequence[str], sources: Sequence[str], process_index: int,
-             process_count: int, gather: Gather | None) -> list[bytes]:
-  """Every file's digest; each process hashes files i % P == its index."""
-  if gather is None or process_count == 1:
-    return [file_digest(p, s) for p, s in zip(paths, sources)]
-  # Every process checks every file exists (a cheap stat), so a missing
-  # one is an error on all of them alike, before any collective.
-  for path, source in zip(paths, sources):
-    table_files.check_file(path, source)
-  mine = np.zeros((-(-len(paths) // process_count), 32), np.uint8)
-  for j, i in enumerate(range(process_index, len(paths), process_count)):
-    mine[j] = np.frombuffer(file_digest(paths[i], sources[i]), np.uint8)
-  every = np.asarray(gather(mine))  # process x file of its share x 32
-  return [every[i % process_count, i // process_count].tobytes()
-          for i in range(len(paths))]
-
-
-def content_key(train_digests: Sequence[bytes], eval_digest: bytes,
-                target_columns: Sequence[str],
-                feature_columns: Sequence[str],
-                categorical_columns: Sequence[str] = ()) -> str:
-  """The prepared dataset's name for these files' contents and selection."""
-  digest = hashlib.sha256()
-  selection = json.dumps([_KEY_SCHEMA, list(target_columns),
-                          list(feature_columns), list(categorical_columns),
-                          len(train_digests)])
-  for part in (selection.encode(), *train_digests, eval_digest):
-    # Length prefixes: no two different inputs concatenate to the same bytes.
-    digest.update(len(part).to_bytes(8, 'little'))
-    digest.update(part)
-  return f'sha256_{digest.hexdigest()[:32]}'
-
-
-def file_key(train_digests: Sequence[bytes]) -> str:
-  """A short content key of the training files (what a checkpoint was
-  trained on)."""
-  digest = (train_digests[0] if len(train_digests) == 1 else
-            hashlib.sha256(b''.join(train_digests)).digest())
-  return f'sha256_{digest.hex()[:16]}'
 
 
 def prepared_dir(data_dir: str, key: str) -> str:
@@ -168,7 +71,7 @@ def prepare(train_path: str | Sequence[str], eval_path: str,
             categorical_columns: Sequence[str], data_dir: str, *,
             process_index: int = 0, process_count: int = 1,
             barrier: Barrier | None = None,
-            gather: Gather | None = None) -> str:
+            gather: file_keys.Gather | None = None) -> str:
   """Where the dataset of these files is prepared, preparing it if needed.
 
   Every process of a job calls it (with `barrier`, which returns once all
@@ -196,12 +99,12 @@ def prepare(train_path: str | Sequence[str], eval_path: str,
       file, the column and the first bad row).
   """
   sources = ('dataset.train_path', 'dataset.eval_path')
-  files = train_files(train_path)
-  digests = _digests([*files, eval_path],
+  files = file_keys.train_files(train_path)
+  digests = file_keys.digests([*files, eval_path],
                      [sources[0]] * len(files) + [sources[1]],
                      process_index, process_count, gather)
   digests, eval_digest = digests[:-1], digests[-1]
-  directory = prepared_dir(data_dir, content_key(
+  directory = prepared_dir(data_dir, file_keys.content_key(
       digests, eval_digest, target_columns, feature_columns,
       categorical_columns))
   if os.path.exists(os.path.join(directory, MANIFEST)):
@@ -367,7 +270,7 @@ def _write_manifest(directory: str, plan: ColumnPlan,
           for s, names in split_parts.items()},
       'missing': np.any([info[p]['missing'] for p in split_parts['train']],
                         axis=0).tolist(),
-      'train_key': file_key(digests),
+      'train_key': file_keys.file_key(digests),
       'train_path': [os.path.abspath(f) for f in files],
       'eval_path': os.path.abspath(eval_path)}
   logging.info('csv_regression: %s; %d train and %d test rows of %s and %s '

@@ -19,7 +19,7 @@ from model_helpers import dataset_config
 from cli_helpers import regression_frame  # noqa: E402
 
 from configs import csv as csv_config  # noqa: E402
-from input_pipeline import csv_regression, table_files  # noqa: E402
+from input_pipeline import file_keys, table_files  # noqa: E402
 from input_pipeline.errors import DataError  # noqa: E402
 from meshfit import config as config_lib
 from meshfit.data import splits as splits_lib  # noqa: E402
@@ -198,14 +198,14 @@ def test_validate_accepts_a_complete_csv_config():
 def test_content_key_depends_on_contents_and_selection_only():
   a, b, c = (hashlib.sha256(text).digest()
              for text in (b'a,y\n1,2\n', b'a,y\n3,4\n', b'a,y\n3,5\n'))
-  key = csv_regression.content_key([a], b, ('y',), ())
-  assert key == csv_regression.content_key([a], b, ('y',), ())
+  key = file_keys.content_key([a], b, ('y',), ())
+  assert key == file_keys.content_key([a], b, ('y',), ())
   others = {
-      csv_regression.content_key([a], c, ('y',), ()),
-      csv_regression.content_key([b], a, ('y',), ()),
-      csv_regression.content_key([a], b, ('y',), ('a',)),
+      file_keys.content_key([a], c, ('y',), ()),
+      file_keys.content_key([b], a, ('y',), ()),
+      file_keys.content_key([a], b, ('y',), ('a',)),
       # The same files, split differently into training files.
-      csv_regression.content_key([a, b], b, ('y',), ()),
+      file_keys.content_key([a, b], b, ('y',), ()),
   }
   assert key not in others and len(others) == 4
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from input_pipeline import csv_regression
+from input_pipeline import csv_regression, file_keys
 from input_pipeline.errors import DataError
 
 
@@ -120,7 +120,7 @@ def test_two_processes_prepare_their_shares_into_the_same_files(
                  str(table / 'one'))
   encoded, hashed = {0: [], 1: []}, {0: [], 1: []}
   encode = csv_regression._encode_part  # noqa: SLF001
-  digest = csv_regression.file_digest
+  digest = file_keys.file_digest
   barrier = threading.Barrier(2)
   shared = {}
 

@@ -8,7 +8,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from input_pipeline import csv_regression, table_files, tables
+from input_pipeline import column_plan, csv_regression, table_files, tables
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 from input_pipeline.order import Blocks, fold_blocks, hold_out_blocks
@@ -250,7 +250,5 @@ def load_eval_split(dataset: DatasetConfig,
                     'the evaluation.', int((~keep).sum()), len(frame), path,
                     ' or '.join(plan.targets))
   if unseen:
-    logging.warning('%s hold categories the training file did not have '
-                    '(unknown to the model): %s.', path, ', '.join(
-                        f'{c} ({n} rows)' for c, n in unseen.items()))
+    logging.warning('%s', column_plan.unseen_warning(unseen, path))
   return Table(x_NxF[keep], y_NxT[keep], plan)

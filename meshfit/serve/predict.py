@@ -5,7 +5,7 @@ records the column plan it was trained with (the file's columns and their
 kinds for csv_regression; numbers x0, x1, ... and y for the synthetic
 datasets), so a prediction needs neither the training file nor its prepared
 copy. Every input row gets a prediction: missing values are filled as in
-training, and a category the training file did not have is unknown.
+training, and a category too rare in training or never seen is unknown.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from input_pipeline import table_files
+from input_pipeline import column_plan, table_files
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
 from meshfit.config import Config
@@ -90,9 +90,7 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
     frame = table_files.read_frame(input_path, '--input')
     x_NxF, unseen = plan.encode(frame, input_path, '--input')
     if unseen:
-      logging.warning('%s holds categories the training file did not have '
-                      '(unknown to the model): %s.', input_path, ', '.join(
-                          f'{c} ({n} rows)' for c, n in unseen.items()))
+      logging.warning('%s', column_plan.unseen_warning(unseen, input_path))
     keep = (table_files.pass_through(frame, keep_columns, input_path,
                                      '--input') if keep_columns else None)
     setup, state = saved.restore(config)

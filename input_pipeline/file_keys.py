@@ -1,0 +1,112 @@
+"""Which files a table is, and the keys of their contents: the training
+files a `dataset.train_path` names (a glob, or several), their digests
+(each process hashes its share) and the prepared dataset's content key.
+"""
+
+import glob
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from input_pipeline import table_files
+from input_pipeline.errors import DataError
+
+# Changing how files are parsed, encoded or stored must change the key.
+_KEY_SCHEMA = 'meshfit.csv_regression/4'
+# Bytes hashed at a time: a file is never read whole.
+_HASH_READ = 8 << 20
+# (this process's array) -> every process's, stacked (jax's
+# multihost_utils.process_allgather).
+Gather = Callable[[np.ndarray], np.ndarray]
+
+
+def train_files(train_path: str | Sequence[str]) -> list[str]:
+  """The training files a `dataset.train_path` names, in order.
+
+  A string is split at commas unless it names a file as it is; a path with
+  glob characters stands for its matches, sorted.
+
+  Raises:
+    DataError: a glob matches nothing, or a file is named twice.
+  """
+  if isinstance(train_path, str):
+    paths = ([train_path] if os.path.isfile(train_path) else
+             [p.strip() for p in train_path.split(',') if p.strip()] or [''])
+  else:
+    paths = list(train_path)
+  files = []
+  for path in paths:
+    if glob.has_magic(path):
+      matches = sorted(p for p in glob.glob(path) if os.path.isfile(p))
+      if not matches:
+        raise DataError(f'dataset.train_path {path!r} matches no file; give '
+                        'the path of a CSV or Parquet file, or a glob such '
+                        'as data/train-*.parquet')
+      files.extend(matches)
+    else:
+      files.append(path)
+  seen = set()
+  for path in files:
+    if os.path.abspath(path) in seen:
+      raise DataError(f'dataset.train_path names {path!r} twice; name each '
+                      'training file once')
+    seen.add(os.path.abspath(path))
+  return files
+
+
+def file_digest(path: str, source: str = '') -> bytes:
+  """sha256 of a file's bytes, read in pieces (never the whole file).
+
+  Raises:
+    DataError: the file is missing or not a file.
+  """
+  table_files.check_file(path, source)
+  digest = hashlib.sha256()
+  with open(path, 'rb') as f:
+    while piece := f.read(_HASH_READ):
+      digest.update(piece)
+  return digest.digest()
+
+
+def digests(paths: Sequence[str], sources: Sequence[str], process_index: int,
+             process_count: int, gather: Gather | None) -> list[bytes]:
+  """Every file's digest; each process hashes files i % P == its index."""
+  if gather is None or process_count == 1:
+    return [file_digest(p, s) for p, s in zip(paths, sources)]
+  # Every process checks every file exists (a cheap stat), so a missing
+  # one is an error on all of them alike, before any collective.
+  for path, source in zip(paths, sources):
+    table_files.check_file(path, source)
+  mine = np.zeros((-(-len(paths) // process_count), 32), np.uint8)
+  for j, i in enumerate(range(process_index, len(paths), process_count)):
+    mine[j] = np.frombuffer(file_digest(paths[i], sources[i]), np.uint8)
+  every = np.asarray(gather(mine))  # process x file of its share x 32
+  return [every[i % process_count, i // process_count].tobytes()
+          for i in range(len(paths))]
+
+
+def content_key(train_digests: Sequence[bytes], eval_digest: bytes,
+                target_columns: Sequence[str],
+                feature_columns: Sequence[str],
+                categorical_columns: Sequence[str] = ()) -> str:
+  """The prepared dataset's name for these files' contents and selection."""
+  digest = hashlib.sha256()
+  selection = json.dumps([_KEY_SCHEMA, list(target_columns),
+                          list(feature_columns), list(categorical_columns),
+                          len(train_digests)])
+  for part in (selection.encode(), *train_digests, eval_digest):
+    # Length prefixes: no two different inputs concatenate to the same bytes.
+    digest.update(len(part).to_bytes(8, 'little'))
+    digest.update(part)
+  return f'sha256_{digest.hexdigest()[:32]}'
+
+
+def file_key(train_digests: Sequence[bytes]) -> str:
+  """A short content key of the training files (what a checkpoint was
+  trained on)."""
+  digest = (train_digests[0] if len(train_digests) == 1 else
+            hashlib.sha256(b''.join(train_digests)).digest())
+  return f'sha256_{digest.hex()[:16]}'
