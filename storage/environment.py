@@ -9,12 +9,19 @@ emulator anonymously.
 """
 
 import os
+import sys
 
 # etils.epath picks tf.io.gfile for gs:// whenever TensorFlow is installed;
 # that imports TensorFlow (seconds of start-up) and TF's GCS client has its
 # endpoint compiled in, so it cannot reach an emulator. 'false' makes epath
 # use fsspec (gcsfs), the same client as this layer.
-_ALWAYS = {'EPATH_USE_TF': 'false'}
+_ALWAYS = {
+    'EPATH_USE_TF': 'false',
+    # fsspec caches a directory's listing forever by default; Orbax (through
+    # epath) would then list a checkpoint that was moved aside or deleted by
+    # another process as still there. Read by fsspec when it is imported.
+    'FSSPEC_GS_USE_LISTINGS_CACHE': 'false',
+}
 
 
 def emulator_url() -> str | None:
@@ -37,8 +44,19 @@ def configure_environment() -> None:
   for name, value in _ALWAYS.items():
     os.environ.setdefault(name, value)
   url = emulator_url()
-  if url is None:
-    return
+  if url is not None:
+    _configure_emulator(url)
+  # fsspec reads FSSPEC_* once, when imported; it may have been already.
+  config = sys.modules.get('fsspec.config')
+  if config is not None:
+    config.set_conf_env(config.conf)
+
+
+def _configure_emulator(url: str) -> None:
+  """The variables that send every client to the emulator at `url`."""
+  # epath's gcsfs (not this layer's) would try ADC and the metadata server
+  # before going anonymous.
+  os.environ.setdefault('FSSPEC_GS_TOKEN', 'anon')
   # TensorStore ignores STORAGE_EMULATOR_HOST; this is its own variable.
   os.environ.setdefault('TENSORSTORE_GCS_HTTP_URL', url)
   # Without a token TensorStore asks for Application Default Credentials

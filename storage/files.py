@@ -33,9 +33,13 @@ def _gcs() -> Any:
   import gcsfs  # noqa: PLC0415  (a second of imports only gs:// users pay)
   # fsspec caches one instance per arguments and pid, so a forked child gets
   # its own client and event loop rather than the parent's dead ones.
+  # On an emulator, never the zonal-bucket probe (see environment.py), even
+  # if gcsfs was imported before configure_environment could turn it off.
+  cls = (gcsfs.core.GCSFileSystem if environment.emulator_url()
+         else gcsfs.GCSFileSystem)
   with _lock:
     try:
-      return gcsfs.GCSFileSystem(
+      return cls(
           token='anon' if environment.emulator_url() else 'google_default',
           # Listings are never cached: other processes (the other hosts of a
           # pod, Orbax) change the bucket behind this one's back.
@@ -116,35 +120,48 @@ def _url(key: str) -> str:
   return f'gs://{key}'
 
 
+def _info(url: str) -> dict[str, Any] | None:
+  """gcsfs's info on `url`, None when there is nothing there.
+
+  fsspec's own exists/isfile/isdir answer False on any error, a network
+  one included; this raises those instead.
+  """
+  try:
+    return _call(url, _gcs().info, _key(url))
+  except FileNotFoundError:
+    return None
+
+
 def exists(path: str) -> bool:
   """Whether a file or directory (on gs://, an object or prefix) exists."""
   if not paths.is_remote(path):
     return os.path.exists(path)
-  fs = _gcs()
-  return _call(path, fs.exists, _key(path))
+  return _info(path) is not None
 
 
 def isdir(path: str) -> bool:
   """Whether `path` is a directory; on gs://, a prefix with objects under."""
   if not paths.is_remote(path):
     return os.path.isdir(path)
-  fs = _gcs()
-  return _call(path, fs.isdir, _key(path))
+  info = _info(path)
+  return info is not None and info['type'] == 'directory'
 
 
 def isfile(path: str) -> bool:
   if not paths.is_remote(path):
     return os.path.isfile(path)
-  fs = _gcs()
-  return _call(path, fs.isfile, _key(path))
+  info = _info(path)
+  return info is not None and info['type'] == 'file'
 
 
 def size(path: str) -> int:
   """The file's size in bytes (FileNotFoundError when missing)."""
   if not paths.is_remote(path):
     return os.path.getsize(path)
-  fs = _gcs()
-  return int(_call(path, fs.size, _key(path)))
+  info = _info(path)
+  if info is None or info['type'] != 'file':
+    raise FileNotFoundError(f'No such file or object: {path}')
+  return int(info['size'])
 
 
 def listdir(path: str) -> list[str]:
@@ -198,10 +215,9 @@ def remove(path: str) -> None:
   if not paths.is_remote(path):
     os.remove(path)
     return
-  fs = _gcs()
-  if not _call(path, fs.isfile, _key(path)):
+  if not isfile(path):
     raise FileNotFoundError(f'No such file or object: {path}')
-  _call(path, fs.rm_file, _key(path))
+  _call(path, _gcs().rm_file, _key(path))
 
 
 def rmtree(path: str) -> None:
@@ -289,7 +305,7 @@ def move(src: str, dst: str) -> None:
     shutil.move(src, dst)
     return
   fs = _gcs()
-  if _call(src, fs.isfile, _key(src)):
+  if isfile(src):
     pairs = [(src, dst)]
   else:
     pairs = [(join_rel(src, r), join_rel(dst, r)) for r in _files_under(src)]
@@ -327,11 +343,51 @@ def open(path: str, mode: str = 'r') -> IO:  # noqa: A001 (the layer's open)
   encoding = None if 'b' in mode else 'utf-8'
   if not paths.is_remote(path):
     return builtins.open(path, mode, encoding=encoding)
-  fs = _gcs()
-  if 'r' in mode and not _call(path, fs.isfile, _key(path)):
-    _call(path, fs.info, _key(path))  # raises FileNotFoundError or why
-    raise IsADirectoryError(f'{path} is a directory')
-  return _call(path, fs.open, _key(path), mode, encoding=encoding)
+  if 'w' in mode:
+    return _Upload(path, mode)
+  if not isfile(path):
+    if exists(path):
+      raise IsADirectoryError(f'{path} is a directory')
+    raise FileNotFoundError(f'No such file or object: {path}')
+  return _call(path, _gcs().open, _key(path), mode, encoding=encoding)
+
+
+class _Upload:
+  """A local temporary file that becomes the object `name` when closed.
+
+  Written locally rather than through gcsfs's upload buffer so that the one
+  request that can fail (the upload, at close) goes through `_call` and its
+  errors name the URL.
+  """
+
+  def __init__(self, url: str, mode: str):
+    self.name = url
+    ext = os.path.splitext(paths.basename(url))[1]
+    fd, self._tmp = tempfile.mkstemp(suffix=ext, prefix='meshfit-upload-')
+    os.close(fd)
+    self._file = builtins.open(self._tmp, mode,
+                               encoding=None if 'b' in mode else 'utf-8')
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._file, name)
+
+  def __iter__(self) -> Iterator[Any]:
+    return iter(self._file)
+
+  def __enter__(self) -> '_Upload':
+    return self
+
+  def __exit__(self, *exc: object) -> None:
+    self.close()
+
+  def close(self) -> None:
+    if self._file.closed:
+      return
+    self._file.close()
+    try:
+      _call(self.name, _gcs().put_file, self._tmp, _key(self.name))
+    finally:
+      os.remove(self._tmp)
 
 
 def read_bytes(path: str) -> bytes:
@@ -535,8 +591,7 @@ class AppendWriter(io.RawIOBase):
     if self.closed:
       return
     try:
-      self.flush()
+      super().close()  # flushes first
     finally:
       if not self._remote:
         self._file.close()
-      super().close()

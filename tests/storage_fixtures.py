@@ -12,11 +12,16 @@ import pytest
 
 import gcs_emulator
 
+# gcsfs reads this once, when imported (by a test module, etils or fsspec,
+# before any fixture runs): without it, the first call on each bucket waits
+# 60 s for a gRPC endpoint the emulator lacks.
+os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
+
 BUCKET = 'meshfit-test'
 # Variables storage.configure_environment derives from STORAGE_EMULATOR_HOST;
 # cleared so that they follow this session's emulator, not a stale one.
 _DERIVED = ('TENSORSTORE_GCS_HTTP_URL', 'GOOGLE_AUTH_TOKEN_FOR_TESTING',
-            'GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT')
+            'FSSPEC_GS_TOKEN')
 
 
 @pytest.fixture(scope='session')
