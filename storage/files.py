@@ -7,7 +7,6 @@ retries) raise StorageError naming the URL; a missing object raises
 FileNotFoundError, as a missing local file does.
 """
 
-import asyncio
 import builtins
 import contextlib
 import glob as globlib
@@ -27,8 +26,12 @@ _T = TypeVar('_T')
 _lock = threading.Lock()
 
 
-def _gcs() -> Any:
-  """The process's gcsfs client, made on first use (fork-safe: see below)."""
+def _gcs(url: str) -> Any:
+  """The process's gcsfs client, made on first use (fork-safe: see below).
+
+  Args:
+    url: the URL it is wanted for, named if there are no credentials.
+  """
   environment.configure_environment()
   import gcsfs  # noqa: PLC0415  (a second of imports only gs:// users pay)
   # fsspec caches one instance per arguments and pid, so a forked child gets
@@ -45,7 +48,7 @@ def _gcs() -> Any:
           # pod, Orbax) change the bucket behind this one's back.
           use_listings_cache=False)
     except Exception as e:  # noqa: BLE001 (google-auth raises several kinds)
-      raise _credentials_error('gs://', e) from e
+      raise _credentials_error(url, e) from e
 
 
 def _credentials_error(url: str, e: Exception) -> StorageError:
@@ -62,7 +65,9 @@ def _first_line(e: BaseException) -> str:
 
 def _is_network(e: BaseException) -> bool:
   """Whether `e` says the endpoint could not be reached (after retries)."""
-  import aiohttp  # noqa: PLC0415  (only reached on gs:// errors)
+  # Imported here: asyncio alone would double the layer's import time.
+  import asyncio  # noqa: PLC0415
+  import aiohttp  # noqa: PLC0415
   return isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError,
                         TimeoutError, ConnectionError))
 
@@ -97,7 +102,7 @@ def _translate(url: str, e: Exception) -> Exception:
 
 def _bucket_exists(bucket: str) -> bool:
   try:
-    return bool(_gcs().info(bucket))
+    return bool(_gcs(f'gs://{bucket}').info(bucket))
   except FileNotFoundError:
     return False
   except Exception:  # noqa: BLE001 (cannot tell: report the object missing)
@@ -127,7 +132,7 @@ def _info(url: str) -> dict[str, Any] | None:
   one included; this raises those instead.
   """
   try:
-    return _call(url, _gcs().info, _key(url))
+    return _call(url, _gcs(url).info, _key(url))
   except FileNotFoundError:
     return None
 
@@ -175,7 +180,7 @@ def listdir(path: str) -> list[str]:
   """
   if not paths.is_remote(path):
     return sorted(os.listdir(path))
-  fs = _gcs()
+  fs = _gcs(pattern)
   key = _key(path).rstrip('/')
   entries = _call(path, fs.ls, key, detail=False)
   names = {e.rstrip('/').rsplit('/', 1)[-1] for e in entries
@@ -196,7 +201,7 @@ def glob(pattern: str) -> list[str]:
   """
   if not paths.is_remote(pattern):
     return sorted(globlib.glob(pattern, recursive=True))
-  fs = _gcs()
+  fs = _gcs(path)
   return sorted(_url(k) for k in _call(pattern, fs.glob, _key(pattern)))
 
 
@@ -217,7 +222,7 @@ def remove(path: str) -> None:
     return
   if not isfile(path):
     raise FileNotFoundError(f'No such file or object: {path}')
-  _call(path, _gcs().rm_file, _key(path))
+  _call(path, _gcs(path).rm_file, _key(path))
 
 
 def rmtree(path: str) -> None:
@@ -225,7 +230,7 @@ def rmtree(path: str) -> None:
   if not paths.is_remote(path):
     shutil.rmtree(path)
     return
-  fs = _gcs()
+  fs = _gcs(path)
   _call(path, fs.rm, _key(path).rstrip('/') + '/', recursive=True)
 
 
@@ -238,7 +243,7 @@ def _files_under(path: str) -> list[str]:
       found += [f if rel == '.' else f'{rel}/{f}'.replace(os.sep, '/')
                 for f in files]
     return sorted(found)
-  fs = _gcs()
+  fs = _gcs(path)
   key = _key(path).rstrip('/')
   return sorted(k[len(key) + 1:] for k in _call(path, fs.find, key))
 
@@ -250,12 +255,12 @@ def _copy_file(src: str, dst: str) -> None:
     shutil.copy2(src, dst)
   elif src_remote and dst_remote:
     # A server-side copy: the bytes never come through this host.
-    _call(dst, _gcs().copy, _key(src), _key(dst))
+    _call(dst, _gcs(dst).copy, _key(src), _key(dst))
   elif dst_remote:
-    _call(dst, _gcs().put_file, src, _key(dst))
+    _call(dst, _gcs(dst).put_file, src, _key(dst))
   else:
     os.makedirs(os.path.dirname(dst) or '.', exist_ok=True)
-    _call(src, _gcs().get_file, _key(src), dst)
+    _call(src, _gcs(src).get_file, _key(src), dst)
 
 
 def copytree(src: str, dst: str) -> None:
@@ -304,7 +309,7 @@ def move(src: str, dst: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     shutil.move(src, dst)
     return
-  fs = _gcs()
+  fs = _gcs(src)
   if isfile(src):
     pairs = [(src, dst)]
   else:
@@ -349,7 +354,7 @@ def open(path: str, mode: str = 'r') -> IO:  # noqa: A001 (the layer's open)
     if exists(path):
       raise IsADirectoryError(f'{path} is a directory')
     raise FileNotFoundError(f'No such file or object: {path}')
-  return _call(path, _gcs().open, _key(path), mode, encoding=encoding)
+  return _call(path, _gcs(path).open, _key(path), mode, encoding=encoding)
 
 
 class _Upload:
@@ -385,7 +390,7 @@ class _Upload:
       return
     self._file.close()
     try:
-      _call(self.name, _gcs().put_file, self._tmp, _key(self.name))
+      _call(self.name, _gcs(self.name).put_file, self._tmp, _key(self.name))
     finally:
       os.remove(self._tmp)
 
@@ -433,7 +438,7 @@ def atomic_write(path: str, mode: str = 'w') -> Iterator[IO]:
     with builtins.open(tmp, mode, encoding=encoding) as f:
       yield f
     if remote:
-      _call(path, _gcs().put_file, tmp, _key(path))
+      _call(path, _gcs(path).put_file, tmp, _key(path))
     else:
       os.replace(tmp, path)
   finally:
@@ -466,7 +471,7 @@ def create_exclusive(path: str, data: bytes | str) -> bool:
       f.write(data)
     return True
   try:
-    _call(path, _gcs().pipe_file, _key(path), data, mode='create')
+    _call(path, _gcs(path).pipe_file, _key(path), data, mode='create')
   except FileExistsError:
     return False
   return True
@@ -487,7 +492,7 @@ class RangeReader:
     self.path = path
     self._remote = paths.is_remote(path)
     if self._remote:
-      self._fs = _gcs()
+      self._fs = _gcs(path)
       self.size = size(path)
       self._fd = None
     else:
@@ -555,7 +560,7 @@ class AppendWriter(io.RawIOBase):
     self.name = path
     self._remote = paths.is_remote(path)
     if self._remote:
-      self._fs = _gcs()
+      self._fs = _gcs(path)
       try:
         self._content = bytearray(read_bytes(path))
       except FileNotFoundError:
