@@ -180,7 +180,7 @@ def listdir(path: str) -> list[str]:
   """
   if not paths.is_remote(path):
     return sorted(os.listdir(path))
-  fs = _gcs(pattern)
+  fs = _gcs(path)
   key = _key(path).rstrip('/')
   entries = _call(path, fs.ls, key, detail=False)
   names = {e.rstrip('/').rsplit('/', 1)[-1] for e in entries
@@ -201,7 +201,7 @@ def glob(pattern: str) -> list[str]:
   """
   if not paths.is_remote(pattern):
     return sorted(globlib.glob(pattern, recursive=True))
-  fs = _gcs(path)
+  fs = _gcs(pattern)
   return sorted(_url(k) for k in _call(pattern, fs.glob, _key(pattern)))
 
 
