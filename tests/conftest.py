@@ -13,6 +13,9 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+# The gs:// fixtures: a local GCS emulator, started on demand.
+pytest_plugins = ('storage_fixtures',)
+
 # A (B,) minus a (B, 1) silently gives (B, B); make it an error instead.
 jax.config.update('jax_numpy_rank_promotion', 'raise')
 

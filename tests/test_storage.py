@@ -17,8 +17,6 @@ import numpy as np
 import pytest
 
 import storage
-# Until conftest.py loads them with `pytest_plugins`.
-from storage_fixtures import gcs_dir, gcs_emulator_url  # noqa: F401
 
 
 @pytest.fixture(params=['local', 'gcs'])
@@ -264,6 +262,7 @@ def test_refusals_of_real_gcs_are_one_line(status, expected):
   assert '\n' not in str(error)
 
 
+@pytest.mark.slow  # waits out gcsfs's retries (~30 s)
 def test_network_error_gives_up_after_retries(gcs_emulator_url, monkeypatch):
   del gcs_emulator_url
   import gcs_emulator  # noqa: PLC0415
