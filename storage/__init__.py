@@ -22,12 +22,13 @@ input_pipeline and meshfit use it.
 
 from storage.environment import configure_environment
 from storage.errors import StorageError
-from storage.files import (AppendWriter, RangeReader, atomic_write,
-                           copytree, create_exclusive, exists, glob, isdir,
+from storage.files import (atomic_write, copytree, exists, glob, isdir,
                            isfile, listdir, makedirs, move, open, read_bytes,
-                           read_range, read_text, remove, rmtree, size)
+                           read_text, remove, rmtree, size)
 from storage.paths import (SCHEMES, absolute, basename, check_scheme,
                            dirname, is_remote, join, split_url)
+from storage.streams import (AppendWriter, RangeReader, create_exclusive,
+                             read_range)
 
 __all__ = [
     'SCHEMES', 'AppendWriter', 'RangeReader', 'StorageError', 'absolute',

@@ -10,152 +10,36 @@ FileNotFoundError, as a missing local file does.
 import builtins
 import contextlib
 import glob as globlib
-import io
 import os
 import shutil
 import tempfile
-import threading
 import uuid
-from collections.abc import Callable, Iterator
-from typing import IO, Any, TypeVar
+from collections.abc import Iterator
+from typing import IO, Any
 
-from storage import environment, paths
+from storage import gcs, paths
 from storage.errors import StorageError
-
-_T = TypeVar('_T')
-_lock = threading.Lock()
-
-
-def _gcs(url: str) -> Any:
-  """The process's gcsfs client, made on first use (fork-safe: see below).
-
-  Args:
-    url: the URL it is wanted for, named if there are no credentials.
-  """
-  environment.configure_environment()
-  import gcsfs  # noqa: PLC0415  (a second of imports only gs:// users pay)
-  # fsspec caches one instance per arguments and pid, so a forked child gets
-  # its own client and event loop rather than the parent's dead ones.
-  # On an emulator, never the zonal-bucket probe (see environment.py), even
-  # if gcsfs was imported before configure_environment could turn it off.
-  cls = (gcsfs.core.GCSFileSystem if environment.emulator_url()
-         else gcsfs.GCSFileSystem)
-  with _lock:
-    try:
-      return cls(
-          token='anon' if environment.emulator_url() else 'google_default',
-          # Listings are never cached: other processes (the other hosts of a
-          # pod, Orbax) change the bucket behind this one's back.
-          use_listings_cache=False)
-    except Exception as e:  # noqa: BLE001 (google-auth raises several kinds)
-      raise _credentials_error(url, e) from e
-
-
-def _credentials_error(url: str, e: Exception) -> StorageError:
-  return StorageError(
-      f'{url}: no Google credentials ({type(e).__name__}: '
-      f'{_first_line(e)}); run `gcloud auth application-default login` or '
-      f'set GOOGLE_APPLICATION_CREDENTIALS')
-
-
-def _first_line(e: BaseException) -> str:
-  text = str(e).strip()
-  return text.splitlines()[0] if text else type(e).__name__
-
-
-def _is_network(e: BaseException) -> bool:
-  """Whether `e` says the endpoint could not be reached (after retries)."""
-  # Imported here: asyncio alone would double the layer's import time.
-  import asyncio  # noqa: PLC0415
-  import aiohttp  # noqa: PLC0415
-  return isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError,
-                        TimeoutError, ConnectionError))
-
-
-def _translate(url: str, e: Exception) -> Exception:
-  """The exception a caller sees for gcsfs's `e` raised on `url`."""
-  import google.auth.exceptions  # noqa: PLC0415
-  from gcsfs.retry import HttpError  # noqa: PLC0415
-  if isinstance(e, (StorageError, FileExistsError, IsADirectoryError,
-                    NotADirectoryError)):
-    return e
-  if isinstance(e, FileNotFoundError):
-    bucket = paths.split_url(url)[1].split('/', 1)[0]
-    if not _bucket_exists(bucket):
-      return StorageError(f'{url}: bucket gs://{bucket} does not exist')
-    return FileNotFoundError(f'No such file or object: {url}')
-  if isinstance(e, google.auth.exceptions.DefaultCredentialsError):
-    return _credentials_error(url, e)
-  code = getattr(e, 'code', None)
-  if isinstance(e, HttpError) and code == 401:
-    return StorageError(f'{url}: not authorised (HTTP 401: '
-                        f'{_first_line(e)}); check the credentials')
-  if (isinstance(e, HttpError) and code == 403) or (
-      type(e) is OSError and str(e).startswith('Forbidden')):
-    return StorageError(f'{url}: permission denied; the credentials in use '
-                        f'may not read or write this bucket')
-  if _is_network(e):
-    return StorageError(f'{url}: network error after retries with backoff '
-                        f'({type(e).__name__}: {_first_line(e)})')
-  return StorageError(f'{url}: {type(e).__name__}: {_first_line(e)}')
-
-
-def _bucket_exists(bucket: str) -> bool:
-  try:
-    return bool(_gcs(f'gs://{bucket}').info(bucket))
-  except FileNotFoundError:
-    return False
-  except Exception:  # noqa: BLE001 (cannot tell: report the object missing)
-    return True
-
-
-def _call(url: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-  """Runs a gcsfs call (which retries with backoff), translating errors."""
-  try:
-    return fn(*args, **kwargs)
-  except Exception as e:  # noqa: BLE001 (translated, never swallowed)
-    raise _translate(url, e) from e
-
-
-def _key(url: str) -> str:
-  return paths.split_url(url)[1]
-
-
-def _url(key: str) -> str:
-  return f'gs://{key}'
-
-
-def _info(url: str) -> dict[str, Any] | None:
-  """gcsfs's info on `url`, None when there is nothing there.
-
-  fsspec's own exists/isfile/isdir answer False on any error, a network
-  one included; this raises those instead.
-  """
-  try:
-    return _call(url, _gcs(url).info, _key(url))
-  except FileNotFoundError:
-    return None
 
 
 def exists(path: str) -> bool:
   """Whether a file or directory (on gs://, an object or prefix) exists."""
   if not paths.is_remote(path):
     return os.path.exists(path)
-  return _info(path) is not None
+  return gcs.info(path) is not None
 
 
 def isdir(path: str) -> bool:
   """Whether `path` is a directory; on gs://, a prefix with objects under."""
   if not paths.is_remote(path):
     return os.path.isdir(path)
-  info = _info(path)
+  info = gcs.info(path)
   return info is not None and info['type'] == 'directory'
 
 
 def isfile(path: str) -> bool:
   if not paths.is_remote(path):
     return os.path.isfile(path)
-  info = _info(path)
+  info = gcs.info(path)
   return info is not None and info['type'] == 'file'
 
 
@@ -163,7 +47,7 @@ def size(path: str) -> int:
   """The file's size in bytes (FileNotFoundError when missing)."""
   if not paths.is_remote(path):
     return os.path.getsize(path)
-  info = _info(path)
+  info = gcs.info(path)
   if info is None or info['type'] != 'file':
     raise FileNotFoundError(f'No such file or object: {path}')
   return int(info['size'])
@@ -180,9 +64,9 @@ def listdir(path: str) -> list[str]:
   """
   if not paths.is_remote(path):
     return sorted(os.listdir(path))
-  fs = _gcs(path)
-  key = _key(path).rstrip('/')
-  entries = _call(path, fs.ls, key, detail=False)
+  fs = gcs.client(path)
+  key = gcs.key(path).rstrip('/')
+  entries = gcs.call(path, fs.ls, key, detail=False)
   names = {e.rstrip('/').rsplit('/', 1)[-1] for e in entries
            if e.rstrip('/') != key}
   return sorted(names)
@@ -201,8 +85,8 @@ def glob(pattern: str) -> list[str]:
   """
   if not paths.is_remote(pattern):
     return sorted(globlib.glob(pattern, recursive=True))
-  fs = _gcs(pattern)
-  return sorted(_url(k) for k in _call(pattern, fs.glob, _key(pattern)))
+  fs = gcs.client(pattern)
+  return sorted(gcs.url_of(k) for k in gcs.call(pattern, fs.glob, gcs.key(pattern)))
 
 
 def makedirs(path: str, exist_ok: bool = True) -> None:
@@ -222,7 +106,7 @@ def remove(path: str) -> None:
     return
   if not isfile(path):
     raise FileNotFoundError(f'No such file or object: {path}')
-  _call(path, _gcs(path).rm_file, _key(path))
+  gcs.call(path, gcs.client(path).rm_file, gcs.key(path))
 
 
 def rmtree(path: str) -> None:
@@ -230,8 +114,8 @@ def rmtree(path: str) -> None:
   if not paths.is_remote(path):
     shutil.rmtree(path)
     return
-  fs = _gcs(path)
-  _call(path, fs.rm, _key(path).rstrip('/') + '/', recursive=True)
+  fs = gcs.client(path)
+  gcs.call(path, fs.rm, gcs.key(path).rstrip('/') + '/', recursive=True)
 
 
 def _files_under(path: str) -> list[str]:
@@ -243,9 +127,9 @@ def _files_under(path: str) -> list[str]:
       found += [f if rel == '.' else f'{rel}/{f}'.replace(os.sep, '/')
                 for f in files]
     return sorted(found)
-  fs = _gcs(path)
-  key = _key(path).rstrip('/')
-  return sorted(k[len(key) + 1:] for k in _call(path, fs.find, key))
+  fs = gcs.client(path)
+  key = gcs.key(path).rstrip('/')
+  return sorted(k[len(key) + 1:] for k in gcs.call(path, fs.find, key))
 
 
 def _copy_file(src: str, dst: str) -> None:
@@ -255,12 +139,12 @@ def _copy_file(src: str, dst: str) -> None:
     shutil.copy2(src, dst)
   elif src_remote and dst_remote:
     # A server-side copy: the bytes never come through this host.
-    _call(dst, _gcs(dst).copy, _key(src), _key(dst))
+    gcs.call(dst, gcs.client(dst).copy, gcs.key(src), gcs.key(dst))
   elif dst_remote:
-    _call(dst, _gcs(dst).put_file, src, _key(dst))
+    gcs.call(dst, gcs.client(dst).put_file, src, gcs.key(dst))
   else:
     os.makedirs(os.path.dirname(dst) or '.', exist_ok=True)
-    _call(src, _gcs(src).get_file, _key(src), dst)
+    gcs.call(src, gcs.client(src).get_file, gcs.key(src), dst)
 
 
 def copytree(src: str, dst: str) -> None:
@@ -309,7 +193,7 @@ def move(src: str, dst: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     shutil.move(src, dst)
     return
-  fs = _gcs(src)
+  fs = gcs.client(src)
   if isfile(src):
     pairs = [(src, dst)]
   else:
@@ -324,7 +208,7 @@ def move(src: str, dst: str) -> None:
                          f'{size(b)} bytes, its source {size(a)}; the '
                          f'source is kept')
   for a, _ in pairs:
-    _call(a, fs.rm_file, _key(a))
+    gcs.call(a, fs.rm_file, gcs.key(a))
 
 
 def open(path: str, mode: str = 'r') -> IO:  # noqa: A001 (the layer's open)
@@ -354,7 +238,7 @@ def open(path: str, mode: str = 'r') -> IO:  # noqa: A001 (the layer's open)
     if exists(path):
       raise IsADirectoryError(f'{path} is a directory')
     raise FileNotFoundError(f'No such file or object: {path}')
-  return _call(path, _gcs(path).open, _key(path), mode, encoding=encoding)
+  return gcs.call(path, gcs.client(path).open, gcs.key(path), mode, encoding=encoding)
 
 
 class _Upload:
@@ -390,7 +274,7 @@ class _Upload:
       return
     self._file.close()
     try:
-      _call(self.name, _gcs(self.name).put_file, self._tmp, _key(self.name))
+      gcs.call(self.name, gcs.client(self.name).put_file, self._tmp, gcs.key(self.name))
     finally:
       os.remove(self._tmp)
 
@@ -438,165 +322,9 @@ def atomic_write(path: str, mode: str = 'w') -> Iterator[IO]:
     with builtins.open(tmp, mode, encoding=encoding) as f:
       yield f
     if remote:
-      _call(path, _gcs(path).put_file, tmp, _key(path))
+      gcs.call(path, gcs.client(path).put_file, tmp, gcs.key(path))
     else:
       os.replace(tmp, path)
   finally:
     if os.path.exists(tmp):
       os.remove(tmp)
-
-
-def create_exclusive(path: str, data: bytes | str) -> bool:
-  """Creates a file holding `data` only if none exists; the workdir lock.
-
-  Locally O_CREAT | O_EXCL; on gs:// an upload with the precondition
-  ifGenerationMatch=0, which GCS applies atomically: of two creators at
-  once exactly one succeeds.
-
-  Args:
-    path: the file.
-    data: its content (str is written as UTF-8).
-
-  Returns:
-    True if this call created it, False if it existed already.
-  """
-  if isinstance(data, str):
-    data = data.encode('utf-8')
-  if not paths.is_remote(path):
-    try:
-      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-      return False
-    with os.fdopen(fd, 'wb') as f:
-      f.write(data)
-    return True
-  try:
-    _call(path, _gcs(path).pipe_file, _key(path), data, mode='create')
-  except FileExistsError:
-    return False
-  return True
-
-
-class RangeReader:
-  """Reads byte ranges of one file without reading the rest; thread-safe.
-
-  Locally one descriptor and os.pread (no shared file position); on gs://
-  one ranged GET per call. Use as a context manager or call close().
-
-  Attributes:
-    path: the file.
-    size: its size in bytes when opened.
-  """
-
-  def __init__(self, path: str):
-    self.path = path
-    self._remote = paths.is_remote(path)
-    if self._remote:
-      self._fs = _gcs(path)
-      self.size = size(path)
-      self._fd = None
-    else:
-      self._fd = os.open(path, os.O_RDONLY)
-      self.size = os.fstat(self._fd).st_size
-
-  def read_at(self, offset: int, length: int) -> bytes:
-    """`length` bytes from `offset`; fewer only at the end of the file."""
-    if offset < 0 or length < 0:
-      raise ValueError(f'offset {offset} and length {length} must be >= 0')
-    length = max(0, min(length, self.size - offset))
-    if length == 0:
-      return b''
-    if not self._remote:
-      parts = []
-      while length:
-        # pread may return less than asked (signals, large reads).
-        chunk = os.pread(self._fd, length, offset)
-        if not chunk:
-          break
-        parts.append(chunk)
-        offset += len(chunk)
-        length -= len(chunk)
-      return b''.join(parts)
-    return _call(self.path, self._fs.cat_file, _key(self.path),
-                 start=offset, end=offset + length)
-
-  def close(self) -> None:
-    if self._fd is not None:
-      os.close(self._fd)
-      self._fd = None
-
-  def __enter__(self) -> 'RangeReader':
-    return self
-
-  def __exit__(self, *exc: object) -> None:
-    self.close()
-
-
-def read_range(path: str, offset: int, length: int) -> bytes:
-  """One byte range of a file (see RangeReader to read many)."""
-  with RangeReader(path) as reader:
-    return reader.read_at(offset, length)
-
-
-class AppendWriter(io.RawIOBase):
-  """A binary file that only grows: metrics.jsonl and TensorBoard events.
-
-  Locally a file opened for append; flush() hands the bytes to the OS.
-  On gs:// (no append there) the whole content is kept in memory and
-  flush() uploads it as a new object replacing the old: a reader always
-  sees a whole object, every record up to some flush; a crash loses only
-  what was written since the last flush, never the file. Rewriting costs
-  the file's size per flush, small for these files (kilobytes to a few
-  megabytes); composing pieces would need a cleanup that a crash skips.
-
-  Content already at `path` is kept and appended to (a resumed run).
-
-  Attributes:
-    name: the path.
-  """
-
-  def __init__(self, path: str):
-    super().__init__()
-    self.name = path
-    self._remote = paths.is_remote(path)
-    if self._remote:
-      self._fs = _gcs(path)
-      try:
-        self._content = bytearray(read_bytes(path))
-      except FileNotFoundError:
-        self._content = bytearray()
-      # Created at once, as a local file opened for append is.
-      self._flushed = len(self._content) if self._content else -1
-      self.flush()
-    else:
-      self._file = builtins.open(path, 'ab')
-
-  def writable(self) -> bool:
-    return True
-
-  def write(self, data: bytes) -> int:  # type: ignore[override]
-    if self.closed:
-      raise ValueError(f'write to closed {self.name}')
-    if not self._remote:
-      return self._file.write(data)
-    self._content += data
-    return len(data)
-
-  def flush(self) -> None:
-    if self.closed:
-      return
-    if not self._remote:
-      self._file.flush()
-    elif self._flushed != len(self._content):
-      _call(self.name, self._fs.pipe_file, _key(self.name),
-            bytes(self._content))
-      self._flushed = len(self._content)
-
-  def close(self) -> None:
-    if self.closed:
-      return
-    try:
-      super().close()  # flushes first
-    finally:
-      if not self._remote:
-        self._file.close()

@@ -250,13 +250,13 @@ def test_refusals_of_real_gcs_are_one_line(status, expected):
   # The emulator lets everyone in; these are the exceptions gcsfs raises
   # for GCS's answers.
   from gcsfs.retry import validate_response  # noqa: PLC0415
-  from storage import files  # noqa: PLC0415
+  from storage import gcs  # noqa: PLC0415
   url = 'gs://bucket/run/config.json'
   body = json.dumps({'error': {'code': status, 'message': 'caller lacks '
                                'storage.objects.get'}}).encode()
   with pytest.raises(Exception) as raised:
     validate_response(status, body, 'bucket/run/config.json')
-  error = files._translate(url, raised.value)
+  error = gcs.translate(url, raised.value)
   assert isinstance(error, storage.StorageError)
   assert expected in str(error) and url in str(error)
   assert '\n' not in str(error)
