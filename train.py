@@ -15,8 +15,12 @@ import sys
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
+import storage  # noqa: E402  (imports neither jax nor gcsfs)
 
 xla_flags.apply()  # before jax starts a backend
+# Before Orbax, TensorStore and etils are imported: every storage client of
+# the process reaches gs:// (or STORAGE_EMULATOR_HOST's emulator) alike.
+storage.configure_environment()
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -140,6 +144,18 @@ def _parse_flags(argv: list[str]) -> list[str]:
     _fail(_config_error(e, argv))
 
 
+def _paths_error() -> str | None:
+  """A --workdir, --input or --output of a URL scheme meshfit does not know
+  (before anything is written: `s4://x` would otherwise be a local path)."""
+  for name in ('workdir', 'input', 'output'):
+    if FLAGS[name].value:
+      try:
+        storage.check_scheme(FLAGS[name].value)
+      except storage.StorageError as e:
+        return f'--{name}: {e}'
+  return None
+
+
 def _predict_flags_error() -> str | None:
   """What is wrong with --input/--output/--keep_columns for this mode."""
   only_predict = [f'--{n}' for n in ('input', 'keep_columns', 'interval')
@@ -192,7 +208,7 @@ def main(argv: list[str]) -> None:
     logging.get_absl_handler().addFilter(_QuietOrbax())
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; every option is a --flag')
-  if (message := _predict_flags_error()) is not None:
+  if (message := _paths_error() or _predict_flags_error()) is not None:
     _fail(message)
   # After flag parsing, so that --help stays fast; before any other JAX use.
   from meshfit.errors import UsageError  # noqa: PLC0415
@@ -233,7 +249,7 @@ def _run() -> None:
     else:
       workdir_lock.check_workdir(FLAGS.workdir)
       saved = json_files.load_json(
-          os.path.join(FLAGS.workdir, 'config.json'))
+          storage.join(FLAGS.workdir, 'config.json'))
       keys = (json_files.flatten(FLAGS.config) if FLAGS['config'].present
               else _overridden_keys())
       config = json_files.merge_eval_overrides(saved, FLAGS.config, keys)
@@ -250,7 +266,7 @@ def _run() -> None:
                                  FLAGS.output, FLAGS.step, FLAGS.keep_columns,
                                  FLAGS.interval)
       print(json.dumps(result, indent=2))
-  except (UsageError, DataError) as e:
+  except (UsageError, DataError, storage.StorageError) as e:
     _fail(str(e))
   except NonFiniteLossError as e:
     sys.stderr.write(f'error: {e.explain(FLAGS.workdir)}\n')

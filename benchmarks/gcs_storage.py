@@ -5,7 +5,7 @@
 (Not benchmarks/storage.py: run as a script, that name would shadow the
 `storage` package it measures.)
 
-Starts fake-gcs-server on 127.0.0.1 (tests/gcs_emulator.py), writes a
+Starts fake-gcs-server on 127.0.0.1 (storage/emulator.py), writes a
 Parquet table of `rows` x `columns` float32 locally and uploads it, then
 times, on each side: reading the table through a file of the layer (Parquet
 reads its footer and column chunks by ranged reads; no whole-file
@@ -15,20 +15,18 @@ RangeReader, and an Orbax checkpoint save of a ~`checkpoint_mb` pytree.
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tests'))
 os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
 
-import gcs_emulator  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from bench_common import markdown_table  # noqa: E402
 
 import storage  # noqa: E402
+from storage import emulator as gcs_emulator  # noqa: E402
 
 
 def read_parquet(path: str) -> int:

@@ -22,9 +22,9 @@ input_pipeline and meshfit use it.
 
 from storage.environment import configure_environment
 from storage.errors import StorageError
-from storage.files import (atomic_write, copytree, exists, glob, isdir,
-                           isfile, listdir, makedirs, move, open, read_bytes,
-                           read_text, remove, rmtree, size)
+from storage.files import (atomic_write, copy_file, copytree, exists, glob,
+                           isdir, isfile, listdir, makedirs, move, open,
+                           read_bytes, read_text, remove, rmtree, size)
 from storage.paths import (SCHEMES, absolute, basename, check_scheme,
                            dirname, is_remote, join, split_url)
 from storage.streams import (AppendWriter, RangeReader, create_exclusive,
@@ -33,8 +33,8 @@ from storage.streams import (AppendWriter, RangeReader, create_exclusive,
 __all__ = [
     'SCHEMES', 'AppendWriter', 'RangeReader', 'StorageError', 'absolute',
     'atomic_write', 'basename', 'check_scheme', 'configure_environment',
-    'copytree', 'create_exclusive', 'dirname', 'exists', 'glob', 'is_remote',
-    'isdir', 'isfile', 'join', 'listdir', 'makedirs', 'move', 'open',
-    'read_bytes', 'read_range', 'read_text', 'remove', 'rmtree', 'size',
-    'split_url',
+    'copy_file', 'copytree', 'create_exclusive', 'dirname', 'exists', 'glob',
+    'is_remote', 'isdir', 'isfile', 'join', 'listdir', 'makedirs', 'move',
+    'open', 'read_bytes', 'read_range', 'read_text', 'remove', 'rmtree',
+    'size', 'split_url',
 ]

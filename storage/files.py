@@ -147,6 +147,12 @@ def _copy_file(src: str, dst: str) -> None:
     gcs.call(src, gcs.client(src).get_file, gcs.key(src), dst)
 
 
+def copy_file(src: str, dst: str) -> None:
+  """Copies one file between any two of local and gs:// (server-side
+  between two gs:// URLs); `dst`'s directories are created locally."""
+  _copy_file(src, dst)
+
+
 def copytree(src: str, dst: str) -> None:
   """Copies every file under `src` to the same place under `dst`.
 

@@ -156,6 +156,13 @@ class AppendWriter(io.RawIOBase):
             bytes(self._content))
       self._flushed = len(self._content)
 
+  def sync(self) -> None:
+    """flush(), and locally also to the disk (fsync): for records that must
+    outlive a crash of the machine, not only of the process."""
+    self.flush()
+    if not self._remote and not self.closed:
+      os.fsync(self._file.fileno())
+
   def close(self) -> None:
     if self.closed:
       return

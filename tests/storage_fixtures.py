@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-import gcs_emulator
+from storage import emulator as gcs_emulator
 
 # gcsfs reads this once, when imported (by a test module, etils or fsspec,
 # before any fixture runs): without it, the first call on each bucket waits

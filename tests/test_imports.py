@@ -14,7 +14,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 # meshfit's sub-packages, lowest first: each may import only those before it.
 # `train` and `serve` are siblings: neither imports the other.
-LAYERS = ('errors', 'files', 'parallel', 'config', 'data', 'model',
+LAYERS = ('errors', 'parallel', 'config', 'data', 'model',
           'checkpoints', 'report', ('train', 'serve'))
 # Top-level packages, lowest first (the same rule between them).
 PACKAGES = ('storage', ('models', 'input_pipeline'), 'configs', 'meshfit')

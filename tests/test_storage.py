@@ -265,7 +265,7 @@ def test_refusals_of_real_gcs_are_one_line(status, expected):
 @pytest.mark.slow  # waits out gcsfs's retries (~30 s)
 def test_network_error_gives_up_after_retries(gcs_emulator_url, monkeypatch):
   del gcs_emulator_url
-  import gcs_emulator  # noqa: PLC0415
+  from storage import emulator as gcs_emulator  # noqa: PLC0415
   closed = f'http://127.0.0.1:{gcs_emulator.free_port()}'
   monkeypatch.setenv('STORAGE_EMULATOR_HOST', closed)
   start = time.monotonic()

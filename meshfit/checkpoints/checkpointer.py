@@ -17,10 +17,9 @@ with a warning naming its step and resumes from the newest intact one.
 """
 
 import concurrent.futures
-import os
-import shutil
+import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import jax
@@ -29,6 +28,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
+import storage
 from meshfit.errors import UsageError
 from meshfit.model.state import TrainState
 
@@ -55,8 +55,8 @@ class Checkpointer:
       max_to_keep: newest checkpoints kept; older ones are deleted.
       read_only: for evaluation: never writes or deletes anything.
     """
-    self.workdir = os.path.abspath(workdir)
-    self.directory = os.path.join(self.workdir, 'checkpoints')
+    self.workdir = storage.absolute(workdir)
+    self.directory = storage.join(self.workdir, 'checkpoints')
     self._read_only = read_only
     keep = preservation_policy.AnyPreservationPolicy([
         preservation_policy.LatestN(max_to_keep),
@@ -78,7 +78,7 @@ class Checkpointer:
     return sorted(self._manager.all_steps())
 
   def is_committed(self, step: int) -> bool:
-    return os.path.exists(os.path.join(self.directory, str(step),
+    return storage.exists(storage.join(self.directory, str(step),
                                        COMMIT_MARKER))
 
   def save(self, step: int, state: TrainState, meta: dict[str, Any],
@@ -94,10 +94,11 @@ class Checkpointer:
       val_loss: the validation loss of `state`, when this is a best
         checkpoint (kept beside the newest ones).
     """
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        meta=ocp.args.JsonSave(meta)), force=True,
-        metrics=None if val_loss is None else {BEST_METRIC: val_loss})
+    with self._storage_errors('saving'):
+      self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          meta=ocp.args.JsonSave(meta)), force=True,
+          metrics=None if val_loss is None else {BEST_METRIC: val_loss})
 
   def best_step(self) -> int | None:
     """The step of the best checkpoint by validation loss, if there is one."""
@@ -157,13 +158,14 @@ class Checkpointer:
       return
     if jax.process_index() == 0:
       for step in steps:
-        target = os.path.join(self.workdir, DAMAGED_DIR, str(step))
+        target = storage.join(self.workdir, DAMAGED_DIR, str(step))
         suffix = 1
-        while os.path.exists(target):
-          target = os.path.join(self.workdir, DAMAGED_DIR, f'{step}.{suffix}')
+        while storage.exists(target):
+          target = storage.join(self.workdir, DAMAGED_DIR, f'{step}.{suffix}')
           suffix += 1
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.move(os.path.join(self.directory, str(step)), target)
+        # On gs:// (no rename) every object is copied and checked before
+        # the originals are deleted: never lost on the way.
+        storage.move(storage.join(self.directory, str(step)), target)
         logging.warning('Moved damaged checkpoint %d to %s.', step, target)
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices('meshfit:set_aside_checkpoints')
@@ -192,8 +194,24 @@ class Checkpointer:
 
   def wait(self) -> None:
     """Blocks until pending async saves are on disk; raises their errors."""
-    self._manager.wait_until_finished()
-    self._manager.check_for_errors()
+    with self._storage_errors('saving'):
+      self._manager.wait_until_finished()
+      self._manager.check_for_errors()
+
+  @contextlib.contextmanager
+  def _storage_errors(self, doing: str) -> Iterator[None]:
+    """On gs://, a failure of Orbax's (TensorStore's retries spent) as one
+    StorageError naming the URL; the checkpoints already written stay."""
+    try:
+      yield
+    except Exception as e:
+      if not storage.is_remote(self.directory):
+        raise
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      raise storage.StorageError(
+          f'{self.directory}: {doing} a checkpoint failed ({type(e).__name__}'
+          f': {first[:300]}); the checkpoints written before are intact: '
+          'train again to resume from the newest') from e
 
   def close(self) -> None:
     self._manager.close()

@@ -10,10 +10,10 @@ from typing import Any
 
 import ml_collections
 
+import storage
 from configs import default
 from meshfit.config import Config
 from meshfit.errors import UsageError
-from meshfit.files import atomic_write
 from meshfit.parallel import sharding
 
 # Keys that --mode=eval and --mode=predict may take from the command line:
@@ -63,7 +63,7 @@ def _tuples(value):
 
 def save_json(config: Config, path: str) -> None:
   """Writes the resolved config (atomically)."""
-  with atomic_write(path) as f:
+  with storage.atomic_write(path) as f:
     json.dump(config.to_dict(), f, indent=2, sort_keys=True)
     f.write('\n')
 
@@ -89,10 +89,10 @@ def load_json(path: str) -> ml_collections.ConfigDict:
     UsageError: the file is missing or not JSON.
   """
   try:
-    with open(path, encoding='utf-8') as f:
-      return ml_collections.ConfigDict(_with_defaults(
-          _tuples(json.load(f)), default.get_config().to_dict()))
-  except FileNotFoundError:
+    return ml_collections.ConfigDict(_with_defaults(
+        _tuples(json.loads(storage.read_text(path))),
+        default.get_config().to_dict()))
+  except (FileNotFoundError, NotADirectoryError):
     raise UsageError(f'{path} does not exist: this workdir holds no run; '
                      'train one first (python train.py --workdir=...)'
                      ) from None

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import storage
 from input_pipeline import csv_regression, tables
 from meshfit.config.schema import (Config, DatasetConfig, OptimizerConfig,
                                    SweepConfig, build)
@@ -54,6 +55,18 @@ def _require(ok: bool, message: str) -> None:
     raise UsageError(message)
 
 
+def _check_path(key: str, value: object) -> None:
+  """A path key names a local path or a URL of a scheme meshfit knows
+  (several comma-separated paths for train_path)."""
+  if not isinstance(value, str):
+    return
+  for path in value.split(','):
+    try:
+      storage.check_scheme(path.strip())
+    except storage.StorageError as e:
+      raise UsageError(f'{key}: {e}') from None
+
+
 def _is_int(value: Any) -> bool:
   return isinstance(value, int) and not isinstance(value, bool)
 
@@ -89,8 +102,12 @@ def _check_top(config: Config) -> None:
            f'checkpoint_every_seconds={config.checkpoint_every_seconds!r} '
            'must be a number of seconds >= 0 (0: no checkpoints by the clock)')
   cache_dir = config.compilation_cache_dir
-  _require(isinstance(cache_dir, str)
-           and not os.path.isfile(os.path.expanduser(cache_dir)),
+  _require(isinstance(cache_dir, str),
+           f'compilation_cache_dir={cache_dir!r} must be a directory path, '
+           "or '' to turn the cache off")
+  _check_path('compilation_cache_dir', cache_dir)
+  _require(storage.is_remote(cache_dir)
+           or not os.path.isfile(os.path.expanduser(cache_dir)),
            f'compilation_cache_dir={cache_dir!r} must be a directory path, '
            "or '' to turn the cache off")
   _require(isinstance(config.plots, bool),
@@ -124,6 +141,8 @@ def _check_dataset(dataset: DatasetConfig) -> None:
            and dataset.resident_table_mb >= 0,
            f'dataset.resident_table_mb={dataset.resident_table_mb!r} must be '
            'an integer >= 0')
+  for key in ('data_dir', 'train_path', 'eval_path'):
+    _check_path(f'dataset.{key}', getattr(dataset, key))
   if dataset.name != csv_regression.NAME:
     return
   for key in ('train_path', 'eval_path'):

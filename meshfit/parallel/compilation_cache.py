@@ -11,6 +11,8 @@ import os
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
+import storage
+
 # JAX by default writes only executables that took a second or more to
 # compile; an MLP's train step compiles in a fraction of that, yet those
 # fractions add up to most of a restart. Cache every program, of any size.
@@ -25,13 +27,20 @@ def configure(cache_dir: str) -> str | None:
   (JAX opens its cache once and otherwise keeps the first directory).
 
   Args:
-    cache_dir: a directory (`~` is expanded; created when first written), or
-      '' to turn the cache off.
+    cache_dir: a directory (`~` is expanded; created when first written), a
+      gs:// URL (JAX reaches it through etils.epath, which
+      storage.configure_environment points at gcsfs), or '' to turn the
+      cache off.
 
   Returns:
     The absolute cache directory, or None when the cache is off.
   """
-  path = os.path.abspath(os.path.expanduser(cache_dir)) if cache_dir else None
+  if not cache_dir:
+    path = None
+  elif storage.is_remote(cache_dir):
+    path = cache_dir.rstrip('/')
+  else:
+    path = os.path.abspath(os.path.expanduser(cache_dir))
   if jax.config.jax_compilation_cache_dir == path:
     return path
   jax.config.update('jax_compilation_cache_dir', path)

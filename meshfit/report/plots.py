@@ -14,13 +14,12 @@ matplotlib is imported when the first figure is drawn, not with this module:
 it is slow to import, and every start of training would pay for it.
 """
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from meshfit.files import atomic_write
+import storage
 from meshfit.report import writers
 
 if TYPE_CHECKING:
@@ -39,7 +38,7 @@ def _new_figure(**kwargs) -> 'Figure':
 
 def _save(fig: 'Figure', path: str) -> None:
   """Writes atomically: a reader never sees half a PNG."""
-  with atomic_write(path, 'wb') as f:
+  with storage.atomic_write(path, 'wb') as f:
     fig.savefig(f, dpi=DPI, format='png')
 
 
@@ -67,8 +66,8 @@ def write_loss_curve(workdir: str, dataset: str,
   Returns:
     The PNG's path, or None when metrics.jsonl holds no losses.
   """
-  path = os.path.join(workdir, 'metrics.jsonl')
-  if not os.path.exists(path):
+  path = storage.join(workdir, 'metrics.jsonl')
+  if not storage.exists(path):
     return None
   records = writers.read_jsonl(path)
   def curve(name):
@@ -114,9 +113,9 @@ def write_loss_curve(workdir: str, dataset: str,
     ax.legend(loc='upper right')
   left.set_xlim(left=0)
   last_step = max(c[-1, 0] for c in (train, evals) if len(c))
-  fig.suptitle(f'{os.path.basename(os.path.abspath(workdir))}: {dataset}, '
+  fig.suptitle(f'{storage.basename(storage.absolute(workdir))}: {dataset}, '
                f'{last_step:.0f} steps')
-  out = os.path.join(workdir, 'loss_curve.png')
+  out = storage.join(workdir, 'loss_curve.png')
   _save(fig, out)
   return out
 

@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 from absl import logging
@@ -22,7 +22,12 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
-from meshfit.files import atomic_write
+import storage
+
+# On gs:// (no append) a flush uploads the whole file again: writers there
+# flush at most this often between the loop's own flushes (evaluations, the
+# end), so a crash loses at most this many seconds of records.
+REMOTE_FLUSH_SECONDS = 30.0
 
 
 class ScalarWriter(abc.ABC):
@@ -48,20 +53,19 @@ class LoggingWriter(ScalarWriter):
     logging.info('[%d] %s', step, ', '.join(values))
 
 
-def _new_event_file(logdir: str) -> BinaryIO:
+def _new_event_file(logdir: str) -> storage.AppendWriter:
   """Creates a new event file in `logdir`, named as TensorFlow names them."""
-  os.makedirs(logdir, exist_ok=True)
+  storage.makedirs(logdir)
   # TensorBoard reads a directory's event files in name order, so the name
   # starts with the time; the counter keeps apart two writers of one process
   # started within a second (a run and its resumption in a test).
   prefix = (f'events.out.tfevents.{int(time.time()):010d}.'
             f'{socket.gethostname()}.{os.getpid()}')
   uid = 0
-  while True:
-    try:
-      return open(os.path.join(logdir, f'{prefix}.{uid}'), 'xb')
-    except FileExistsError:
-      uid += 1
+  while not storage.create_exclusive(
+      storage.join(logdir, f'{prefix}.{uid}'), b''):
+    uid += 1
+  return storage.AppendWriter(storage.join(logdir, f'{prefix}.{uid}'))
 
 
 class TensorBoardWriter(ScalarWriter):
@@ -81,9 +85,9 @@ class TensorBoardWriter(ScalarWriter):
     Args:
       logdir: the directory TensorBoard is pointed at.
     """
-    file = _new_event_file(logdir)
-    self.path = file.name
-    self._records = RecordWriter(file)
+    self._file = _new_event_file(logdir)
+    self.path = self._file.name
+    self._records = RecordWriter(self._file)
     self._metadata = scalar_metadata.create_summary_metadata(
         display_name=None, description=None)
     # Readers recognise an event file by this first record.
@@ -107,7 +111,7 @@ class TensorBoardWriter(ScalarWriter):
     self._records.flush()
 
   def close(self) -> None:
-    if not self._records.closed:
+    if not self._file.closed:
       self._records.close()  # flushes first
 
 
@@ -116,18 +120,20 @@ class JsonlWriter(ScalarWriter):
 
   def __init__(self, path: str):
     self._path = path
-    # Line-buffered: each record reaches the file as it is written, so a
-    # killed run loses at most the line it was writing.
-    self._file = open(path, 'a', encoding='utf-8', buffering=1)
+    self._file = storage.AppendWriter(path)
+    self._local = not storage.is_remote(path)
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     record = {'step': int(step)}
     record.update({k: float(v) for k, v in scalars.items()})
-    self._file.write(json.dumps(record) + '\n')
+    self._file.write((json.dumps(record) + '\n').encode('utf-8'))
+    if self._local:
+      # Each record reaches the file as it is written, so a killed run
+      # loses at most the line it was writing.
+      self._file.flush()
 
   def flush(self) -> None:
-    self._file.flush()
-    os.fsync(self._file.fileno())
+    self._file.sync()
 
   def close(self) -> None:
     if not self._file.closed:
@@ -159,10 +165,10 @@ def truncate_jsonl(path: str, last_step: int) -> None:
 
   The file is replaced atomically, so a crash here loses nothing.
   """
-  if not os.path.exists(path):
+  try:
+    lines = storage.read_text(path).splitlines(keepends=True)
+  except FileNotFoundError:
     return
-  with open(path, encoding='utf-8') as f:
-    lines = f.readlines()
   kept = []
   for line in lines:
     try:
@@ -172,14 +178,14 @@ def truncate_jsonl(path: str, last_step: int) -> None:
       pass  # a line torn by a crash mid-write
   if len(kept) == len(lines):
     return
-  with atomic_write(path) as f:
+  with storage.atomic_write(path) as f:
     f.writelines(kept)
 
 
 def read_jsonl(path: str) -> list[dict[str, float]]:
   """All records of a metrics.jsonl file."""
-  with open(path, encoding='utf-8') as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return [json.loads(line) for line in storage.read_text(path).splitlines()
+          if line.strip()]
 
 
 def create_writer(workdir: str, is_main: bool) -> ScalarWriter:
@@ -194,11 +200,35 @@ def create_writer(workdir: str, is_main: bool) -> ScalarWriter:
   """
   if not is_main:
     return LoggingWriter()
-  return MultiWriter([
-      LoggingWriter(),
+  files: ScalarWriter = MultiWriter([
       TensorBoardWriter(workdir),
-      JsonlWriter(os.path.join(workdir, 'metrics.jsonl')),
-  ])
+      JsonlWriter(storage.join(workdir, 'metrics.jsonl'))])
+  if storage.is_remote(workdir):
+    files = TimedFlush(files, REMOTE_FLUSH_SECONDS)
+  return MultiWriter([LoggingWriter(), files])
+
+
+class TimedFlush(ScalarWriter):
+  """Flushes another writer once `seconds` have passed since its last
+  flush, at the next write: a bound on what a crash loses where every
+  flush costs an upload."""
+
+  def __init__(self, writer: ScalarWriter, seconds: float):
+    self._writer = writer
+    self._seconds = seconds
+    self._last = time.monotonic()
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+    self._writer.write_scalars(step, scalars)
+    if time.monotonic() - self._last >= self._seconds:
+      self.flush()
+
+  def flush(self) -> None:
+    self._writer.flush()
+    self._last = time.monotonic()
+
+  def close(self) -> None:
+    self._writer.close()
 
 
 class AsyncWriter(ScalarWriter):
@@ -227,7 +257,10 @@ class AsyncWriter(ScalarWriter):
     self._pending.append(self._pool.submit(write))
 
   def pending(self) -> list[concurrent.futures.Future]:
-    """The writes not yet known to be done (to wait for elsewhere)."""
+    """What to wait for elsewhere before counting on every write so far:
+    a flush queued behind them (on gs:// a write reaches the object only
+    when flushed; a checkpoint must not exist before its steps' records)."""
+    self._pending.append(self._pool.submit(self._writer.flush))
     return list(self._pending)
 
   def flush(self) -> None:

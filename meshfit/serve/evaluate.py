@@ -2,20 +2,20 @@
 
 import hashlib
 import json
-import os
+import posixpath
 import re
 
 import jax
 import ml_collections
 import numpy as np
 
+import storage
 from input_pipeline.tables import Table
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
 from meshfit.config import Config, json_files
 from meshfit.data import splits as splits_lib
 from meshfit.errors import UsageError
-from meshfit.files import atomic_write
 from meshfit.model import inference, optim
 from meshfit.model.setup import Setup
 from meshfit.model.state import TrainState
@@ -58,8 +58,9 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   result = score(config, setup, state, table, step)
   name = output_name(config, workdir, step)
   if jax.process_index() == 0:
-    os.makedirs(os.path.join(workdir, 'eval'), exist_ok=True)
-    with atomic_write(os.path.join(workdir, 'eval', f'{name}.json')) as f:
+    storage.makedirs(storage.join(workdir, 'eval'))
+    with storage.atomic_write(storage.join(workdir, 'eval',
+                                           f'{name}.json')) as f:
       json.dump(result, f, indent=2)
       f.write('\n')
   if config.plots:
@@ -69,19 +70,19 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
     if jax.process_index() == 0 and setup.distribution:
       levels = [float(level) for level in result['coverage']]
       plots.write_calibration_figure(
-          os.path.join(workdir, 'eval', f'{name}_calibration.png'),
+          storage.join(workdir, 'eval', f'{name}_calibration.png'),
           levels, np.array([[result['targets'][t]['coverage'][str(level)]
                              for t in table.target_names]
                             for level in levels]), table.target_names,
-          title=f'{os.path.basename(os.path.abspath(workdir))}: step {step}, '
+          title=f'{storage.basename(storage.absolute(workdir))}: step {step}, '
                 f'interval coverage on {config.dataset.eval_split!r}')
     if jax.process_index() == 0:
       plots.write_predictions_figure(
-          os.path.join(workdir, 'eval', f'{name}_predictions.png'),
+          storage.join(workdir, 'eval', f'{name}_predictions.png'),
           table.y_NxT, pred_NxT, table.target_names,
           train_mean_T=(None if setup.arch.layout.scaling == 'none' else
                         np.asarray(jax.device_get(state.stats.y_mean_T))),
-          title=(f'{os.path.basename(os.path.abspath(workdir))}: step {step}'
+          title=(f'{storage.basename(storage.absolute(workdir))}: step {step}'
                  f', split {config.dataset.eval_split!r} of '
                  f'{config.dataset.name}'))
   return result
@@ -92,14 +93,14 @@ def output_name(config: Config, workdir: str, step: int) -> str:
   file, `step_N_<file>-<hash of its path>` on another."""
   eval_path = config.dataset.eval_path
   try:
-    own = json_files.load_json(os.path.join(workdir, 'config.json'))
+    own = json_files.load_json(storage.join(workdir, 'config.json'))
   except UsageError:  # no saved config: nothing of the run's to keep apart
     return f'step_{step}'
   if not eval_path or eval_path == own.dataset.eval_path:
     return f'step_{step}'
   stem = re.sub(r'[^A-Za-z0-9_.-]+', '_',
-                os.path.splitext(os.path.basename(eval_path))[0])
-  digest = hashlib.sha256(os.path.abspath(eval_path).encode()).hexdigest()
+                posixpath.splitext(storage.basename(eval_path))[0])
+  digest = hashlib.sha256(storage.absolute(eval_path).encode()).hexdigest()
   return f'step_{step}_{stem}-{digest[:8]}'
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -38,6 +39,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
+import storage
 from input_pipeline.column_plan import ColumnPlan
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
@@ -102,6 +104,8 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
   input_names = export_tf.signature_names(plan.feature_names)
   output_names = tuple(predict.prediction_columns(
       plan.targets, ('pred', 'std') if setup.distribution else ('pred',)))
+  # Written and checked on local disk, then moved into place: renamed
+  # locally, uploaded (model.json last) to gs://.
   tmp = _temporary_dir(output_dir)
   try:
     probe = probe_frame(plan, setup.arch.layout,
@@ -140,10 +144,10 @@ def check_output_dir(path: str) -> None:
   Raises:
     UsageError: naming the path and what to do instead.
   """
-  if os.path.exists(path) and not os.path.isdir(path):
+  if storage.isfile(path):
     raise UsageError(f'--output {path!r} is a file; export writes a '
                      'directory: name a new or an empty one')
-  if os.path.isdir(path) and os.listdir(path):
+  if storage.isdir(path) and storage.listdir(path):
     raise UsageError(f'--output {path!r} is a directory that is not empty; '
                      'export never replaces files: name a new or an empty '
                      'directory, or remove that one first')
@@ -294,7 +298,10 @@ def check_artifacts(directory: str, forward: Callable[[jax.Array], jax.Array],
 
 
 def _temporary_dir(output_dir: str) -> str:
-  """A new directory beside `output_dir` (created with its parents)."""
+  """A new directory beside `output_dir` (created with its parents), or a
+  local temporary one for a gs:// output."""
+  if storage.is_remote(output_dir):
+    return tempfile.mkdtemp(prefix='meshfit-export-')
   output_dir = os.path.abspath(output_dir)
   parent, name = os.path.split(output_dir)
   tmp = os.path.join(parent, f'.{name}.{uuid.uuid4().hex[:8]}.tmp')
@@ -307,7 +314,18 @@ def _temporary_dir(output_dir: str) -> str:
 
 
 def _move_into_place(tmp: str, output_dir: str) -> None:
-  """Renames `tmp` to `output_dir`, which must be missing or empty."""
+  """Renames `tmp` to `output_dir`, which must be missing or empty; to a
+  gs:// `output_dir`, uploads it, model.json last: a reader that finds
+  model.json finds the whole export."""
+  if storage.is_remote(output_dir):
+    check_output_dir(output_dir)
+    for rel in _files_under(tmp):
+      if rel != MODEL_CARD_FILE:
+        storage.copy_file(os.path.join(tmp, rel),
+                              f'{output_dir.rstrip("/")}/{rel}')
+    storage.copy_file(os.path.join(tmp, MODEL_CARD_FILE),
+                          f'{output_dir.rstrip("/")}/{MODEL_CARD_FILE}')
+    return
   try:
     # rename(2) replaces an empty directory and refuses a non-empty one,
     # so a file written there since `check_output_dir` is never lost.

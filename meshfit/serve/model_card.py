@@ -4,12 +4,12 @@ where they come from (the checkpoint's step, its eval metrics, versions)."""
 import dataclasses
 import importlib.metadata
 import json
-import os
 from collections.abc import Sequence
 
 import jax
 from absl import logging
 
+import storage
 from input_pipeline import cells, column_plan, csv_regression
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
@@ -48,14 +48,12 @@ def eval_metrics(config: Config, workdir: str, step: int,
   Returns:
     (metrics, None), or (None, the reason there are none).
   """
-  path = os.path.join(workdir, 'eval', f'step_{step}.json')
+  path = storage.join(workdir, 'eval', f'step_{step}.json')
   try:
-    with open(path, encoding='utf-8') as f:
-      written = json.load(f)
+    written = json.loads(storage.read_text(path))
     if isinstance(written, dict):
-      return {'source': os.path.join('eval', f'step_{step}.json'),
-              **written}, None
-  except (OSError, ValueError):
+      return {'source': f'eval/step_{step}.json', **written}, None
+  except (OSError, ValueError, storage.StorageError):
     pass  # none, or unreadable: computed instead
   try:
     table = splits_lib.load_eval_split(config.dataset, plan)
@@ -133,7 +131,7 @@ def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,
                     'NaN where missing')},
       'check': {'probe_rows': 4, 'max_relative_difference': check},
       'step': step,
-      'workdir': os.path.abspath(workdir),
+      'workdir': storage.absolute(workdir),
       'dataset': config.dataset.name,
       'model': dataclasses.asdict(config.model),
       'eval': scores,

@@ -2,7 +2,9 @@
 read, and never into a path that cannot take the output."""
 
 import os
+import posixpath
 
+import storage
 from meshfit.errors import UsageError
 
 # A workdir's own entries (README's outputs table): an output there would
@@ -22,14 +24,20 @@ def check_outside_run(output: str, workdir: str, flag: str) -> None:
   Raises:
     UsageError: `output` would land on the run's own files.
   """
-  out, run = os.path.abspath(output), os.path.abspath(workdir)
+  out, run = storage.absolute(output), storage.absolute(workdir)
+  if storage.is_remote(out) != storage.is_remote(run):
+    return  # one local, one gs://: never the same place
+  if storage.is_remote(out):
+    out, run = out.rstrip('/'), run.rstrip('/')
+    relative, sep = posixpath.relpath(out, run), '/'
+  else:
+    relative, sep = os.path.relpath(out, run), os.sep
   if out == run:
     raise UsageError(f'{flag} {output!r} is the workdir; write the output '
                      'to a path outside the run')
-  relative = os.path.relpath(out, run)
   if relative.startswith(os.pardir):
     return
-  entry = relative.split(os.sep)[0]
+  entry = relative.split(sep)[0]
   if entry in RUN_ENTRIES or entry.startswith(EVENTS_PREFIX):
     raise UsageError(
         f'{flag} {output!r} is the run\'s own {entry!r} in the workdir; '
@@ -39,9 +47,11 @@ def check_outside_run(output: str, workdir: str, flag: str) -> None:
 def check_output_file(output: str, flag: str = '--output') -> None:
   """Refuses a file output that is a directory or has no directory to go
   into, before any work is done."""
-  if os.path.isdir(output):
+  if storage.isdir(output):
     raise UsageError(f'{flag} {output!r} is a directory; name a file in it, '
-                     f'e.g. {os.path.join(output, "predictions.csv")}')
+                     f'e.g. {storage.join(output, "predictions.csv")}')
+  if storage.is_remote(output):
+    return  # object storage has no directories to create first
   directory = os.path.dirname(os.path.abspath(output))
   if not os.path.isdir(directory):
     raise UsageError(f'cannot write {output!r}: directory {directory!r} does '

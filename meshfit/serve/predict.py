@@ -10,7 +10,6 @@ training, and a category too rare in training or never seen is unknown.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -19,13 +18,13 @@ import ml_collections
 import numpy as np
 from absl import logging
 
+import storage
 from input_pipeline import column_plan, table_files
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
 from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.serve import outputs as outputs_lib
-from meshfit.files import atomic_write
 from meshfit.model import inference
 
 if TYPE_CHECKING:
@@ -72,7 +71,7 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
   """
   config = config_lib.parse(config)
   config_lib.check_devices(config, jax.device_count())
-  if os.path.abspath(input_path) == os.path.abspath(output_path):
+  if storage.absolute(input_path) == storage.absolute(output_path):
     raise UsageError(f'--output {output_path!r} is the --input file; writing '
                      'predictions there would replace the input; name another '
                      'file')
@@ -157,7 +156,7 @@ def write_predictions(path: str, outputs: dict[str, np.ndarray] | np.ndarray,
   predictions = pd.DataFrame(dict(zip(names, (
       a[:, t] for t in range(len(target_names)) for a in outputs.values()))))
   table = pd.concat([keep.reset_index(drop=True), predictions], axis=1)
-  with atomic_write(path, 'wb') as f:
+  with storage.atomic_write(path, 'wb') as f:
     if table_files.is_parquet(path):
       table.to_parquet(f, index=False, engine='pyarrow')
     else:

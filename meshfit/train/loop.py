@@ -8,7 +8,6 @@ logs, evaluates (`evaluations`, which validates: `validation`), checkpoints
 """
 
 import functools
-import os
 import time
 from collections.abc import Callable
 
@@ -18,6 +17,7 @@ import numpy as np
 import optax
 from absl import logging
 
+import storage
 from input_pipeline.order import block_rows
 from input_pipeline.tables import Table
 from meshfit import config as config_lib
@@ -187,8 +187,8 @@ def _train(config: Config, workdir: str, setup: Setup,
   last_step = initial_step if tracker.stopped else config.num_train_steps
   is_main = jax.process_index() == 0
   if is_main:
-    json_files.save_json(config, os.path.join(workdir, 'config.json'))
-    writers.truncate_jsonl(os.path.join(workdir, 'metrics.jsonl'),
+    json_files.save_json(config, storage.join(workdir, 'config.json'))
+    writers.truncate_jsonl(storage.join(workdir, 'metrics.jsonl'),
                            initial_step)
   writer = writers.AsyncWriter(writers.create_writer(workdir, is_main))
   train_call = steps.jit_train_call(setup.graphdef, setup.arch.layout,

@@ -12,12 +12,12 @@ and left out of the ensemble's predictions (`meshfit/model/uncertainty.py`) whil
 the others train on; the run stops only when every member has diverged.
 """
 
-import os
 from collections.abc import Callable
 
 import jax
 import numpy as np
 
+import storage
 from meshfit.parallel.in_flight import InFlight
 
 
@@ -34,7 +34,7 @@ class NonFiniteLossError(RuntimeError):
     if self.last_good is None:
       where = 'no checkpoint was written'
     else:
-      path = os.path.join(workdir, 'checkpoints', str(self.last_good))
+      path = storage.join(workdir, 'checkpoints', str(self.last_good))
       where = (f'the last good checkpoint is step {self.last_good} ({path}), '
                'left untouched')
     return (f'{self}: training stopped; {where}. Lower '

