@@ -7,6 +7,9 @@ os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
 from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
 
 xla_flags.apply()  # the tests run under train.py's XLA flags
+import storage  # noqa: E402  (imports neither jax nor gcsfs)
+
+storage.configure_environment()  # as train.py does, before etils and Orbax
 os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
