@@ -194,9 +194,15 @@ def _overridden_keys() -> list[str]:
 class _QuietOrbax(logging.logging.Filter):
   """Drops Orbax's INFO records (dozens per checkpoint save) and its warning
   for a checkpoint saved without a best-metric: meshfit gives the metric to
-  its best checkpoints only, on purpose."""
+  its best checkpoints only, on purpose. The storage libraries' records keep
+  their one line but lose their tracebacks: a failure that matters reaches
+  the user as meshfit's own `error:` line."""
+
+  _STORAGE = ('/orbax/', '/gcsfs/', '/etils/', '/fsspec/')
 
   def filter(self, record) -> bool:
+    if any(part in record.pathname for part in self._STORAGE):
+      record.exc_info, record.exc_text = None, None
     if '/orbax/' not in record.pathname:
       return True
     return (record.levelno >= logging.logging.WARNING

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -261,3 +262,105 @@ def test_no_credentials_is_one_line(tmp_path, data_dir):
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith('error: gs://some-bucket/run')
   assert 'no Google credentials' in last and 'Traceback' not in proc.stderr
+
+
+class _Link:
+  """A TCP forwarder to the emulator that a test can cut and restore: the
+  network going down under a running trainer."""
+
+  def __init__(self, target_url: str):
+    host, port = target_url.rsplit('//', 1)[1].split(':')
+    self._target = (host, int(port))
+    self.port = _free_port()
+    self.url = f'http://127.0.0.1:{self.port}'
+    self._conns: list[socket.socket] = []
+    self._server: socket.socket | None = None
+    self.restore()
+
+  def restore(self) -> None:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(('127.0.0.1', self.port))
+    server.listen(64)
+    self._server = server
+    threading.Thread(target=self._accept, args=(server,), daemon=True).start()
+
+  def _accept(self, server: socket.socket) -> None:
+    while True:
+      try:
+        client, _ = server.accept()
+      except OSError:
+        return  # cut
+      upstream = socket.create_connection(self._target)
+      self._conns += [client, upstream]
+      for a, b in ((client, upstream), (upstream, client)):
+        threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+  @staticmethod
+  def _pipe(a: socket.socket, b: socket.socket) -> None:
+    try:
+      while data := a.recv(65536):
+        b.sendall(data)
+    except OSError:
+      pass
+    for s in (a, b):
+      try:
+        s.shutdown(socket.SHUT_RDWR)
+      except OSError:
+        pass
+
+  def cut(self) -> None:
+    self._server.close()
+    for s in self._conns:
+      try:
+        s.shutdown(socket.SHUT_RDWR)
+      except OSError:
+        pass
+      s.close()
+    self._conns = []
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_network_going_down_mid_run_is_one_line_and_keeps_checkpoints(
+    gcs_emulator_url, data_dir):
+  link = _Link(gcs_emulator_url)
+  workdir = f'gs://meshfit-test/network-{os.getpid()}-{time.time_ns()}'
+  env = dict(os.environ, STORAGE_EMULATOR_HOST=link.url,
+             TENSORSTORE_GCS_HTTP_URL=link.url, JAX_PLATFORMS='cpu')
+  args = [sys.executable, 'train.py', f'--workdir={workdir}',
+          f'--config.dataset.data_dir={data_dir}',
+          '--config.num_train_steps=100000',
+          '--config.model.hidden_sizes=(32,32)', '--config.batch_size=64',
+          '--config.log_every_steps=10', '--config.eval_every_steps=50',
+          '--config.checkpoint_every_steps=50']
+  proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+  checkpoints = storage.join(workdir, 'checkpoints')
+  deadline = time.monotonic() + 120
+  while not (storage.exists(checkpoints)
+             and len(storage.listdir(checkpoints)) >= 2):
+    assert proc.poll() is None and time.monotonic() < deadline
+    time.sleep(0.2)
+  link.cut()
+  _, stderr = proc.communicate(timeout=240)
+  link.restore()
+  assert proc.returncode == 2, stderr[-3000:]
+  last = stderr.strip().splitlines()[-1]
+  assert last.startswith(f'error: {workdir}') and 'network error' in last, (
+      stderr[-3000:])
+  assert 'Traceback' not in stderr
+  # What was written before stays, and the run resumes from it.
+  steps = [int(s) for s in storage.listdir(checkpoints)]
+  newest = max(s for s in steps if storage.exists(
+      storage.join(checkpoints, str(s), 'commit_success.txt')))
+  resumed = subprocess.run(
+      [*args[:4], f'--config.num_train_steps={newest + 20}', *args[5:]],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert 'Resuming from the checkpoint of step' in resumed.stderr

@@ -29,6 +29,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 import storage
+from storage import gcs
 from meshfit.errors import UsageError
 from meshfit.model.state import TrainState
 
@@ -207,11 +208,16 @@ class Checkpointer:
     except Exception as e:
       if not storage.is_remote(self.directory):
         raise
-      first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+      cause = e
+      while cause.__cause__ is not None and not isinstance(
+          cause, storage.StorageError):
+        cause = cause.__cause__  # Orbax wraps what its writers raised
+      why = str(gcs.translate(self.directory, cause)).removeprefix(
+          f'{self.directory}: ')
       raise storage.StorageError(
-          f'{self.directory}: {doing} a checkpoint failed ({type(e).__name__}'
-          f': {first[:300]}); the checkpoints written before are intact: '
-          'train again to resume from the newest') from e
+          f'{self.directory}: {why[:300]} ({doing} a checkpoint); the '
+          'checkpoints written before are intact: train again to resume '
+          'from the newest') from e
 
   def close(self) -> None:
     self._manager.close()

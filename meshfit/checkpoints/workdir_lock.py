@@ -179,13 +179,19 @@ class WorkdirLock:
       self._beat.start()
     return self
 
-  def __exit__(self, *exc) -> None:
+  def __exit__(self, exc_type, *exc) -> None:
     if not self._held:
       return
     self._stop.set()
     if self._beat is not None:
       self._beat.join()
     self._held = False
+    if exc_type is not None and issubclass(exc_type, storage.StorageError):
+      # The storage is unreachable: a release would only wait out retries.
+      logging.warning('The lock %s is left; it is taken over %g minutes '
+                      'after its last heartbeat.', self.path,
+                      STALE_SECONDS / 60)
+      return
     try:
       found = self._read()
       if found is not None and found[0].get('id') == self._me['id']:

@@ -92,9 +92,16 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
                                                     splits)
         final = _train(config, workdir, setup, splits, ckpt, preemption,
                        state, position, tracker, on_call)
-      finally:
+      except storage.StorageError:
+        # Storage out of reach: waiting on the saves in flight would only
+        # wait out their retries; the committed checkpoints are intact.
+        raise
+      except BaseException:
         ckpt.wait()
         ckpt.close()
+        raise
+      ckpt.wait()
+      ckpt.close()
   finally:
     preemption.close()
   _close_run(config, workdir, final, splits)
