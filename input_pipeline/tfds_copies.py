@@ -33,9 +33,13 @@ def upload(local: str, url: str, last: str) -> None:
 def downloaded(url: str, skip: str) -> Iterator[str]:
   """The files of `url` but `skip`, in a temporary directory.
 
-  A DataError raised inside names `url`, not the temporary directory.
+  The copy keeps the last three components of `url` (TFDS's
+  <builder>/<config>/<version>: TFDS reads the version from the name). A
+  DataError raised inside names `url`, not the temporary directory.
   """
-  with tempfile.TemporaryDirectory(prefix='meshfit-tfds-') as local:
+  with tempfile.TemporaryDirectory(prefix='meshfit-tfds-') as root:
+    local = os.path.join(root, *url.rstrip('/').split('/')[-3:])
+    os.makedirs(local)
     for f in storage.listdir(url):
       if f != skip:
         with storage.open(storage.join(url, f), 'rb') as src, open(
@@ -44,4 +48,5 @@ def downloaded(url: str, skip: str) -> Iterator[str]:
     try:
       yield local
     except DataError as e:
-      raise DataError(str(e).replace(local, url)) from None
+      raise DataError(str(e).replace(local, url).replace(root, url)
+                      ) from None
