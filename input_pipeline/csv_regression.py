@@ -49,9 +49,9 @@ from absl import logging
 
 import storage
 from input_pipeline import column_plan, file_keys, table_files
-from input_pipeline.paths import named
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
+from input_pipeline.paths import named
 from input_pipeline.store import Part, Store, write_part
 from input_pipeline.tables import Table
 

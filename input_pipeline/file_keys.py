@@ -27,7 +27,7 @@ import storage
 from input_pipeline import table_files
 from input_pipeline.errors import DataError
 from input_pipeline.paths import named
-from storage import gcs
+from storage import gcs  # the metadata of an object, for its key
 
 # Changing how files are parsed, encoded or stored must change the key.
 _KEY_SCHEMA = 'meshfit.csv_regression/4'
@@ -84,7 +84,7 @@ def file_digest(path: str, source: str = '') -> bytes:
   """
   table_files.check_file(path, source)
   if storage.is_remote(path):
-    return object_digest(path, source)
+    return _object_digest(path, source)
   digest = hashlib.sha256()
   with storage.open(path, 'rb') as f:
     while piece := f.read(_HASH_READ):
@@ -92,7 +92,7 @@ def file_digest(path: str, source: str = '') -> bytes:
   return digest.digest()
 
 
-def object_digest(url: str, source: str = '') -> bytes:
+def _object_digest(url: str, source: str = '') -> bytes:
   """The digest of the gs:// object `url`, from its metadata alone.
 
   Raises:

@@ -9,10 +9,10 @@ from jax.experimental import multihost_utils
 
 import storage
 from input_pipeline import column_plan, csv_regression, table_files, tables
-from input_pipeline.paths import expand, named
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 from input_pipeline.order import Blocks, fold_blocks, hold_out_blocks
+from input_pipeline.paths import expand, named
 from input_pipeline.store import Store
 from input_pipeline.tables import Table
 from meshfit.config import DatasetConfig
