@@ -21,6 +21,7 @@ from model_helpers import dataset_config
 import storage
 from input_pipeline import csv_regression, file_keys, table_files, tables
 from input_pipeline.errors import DataError
+from input_pipeline.store import Store
 from meshfit.data import splits as splits_lib
 
 
@@ -257,6 +258,21 @@ def test_splits_and_the_eval_file_from_gs_encode_as_local(roots):
   np.testing.assert_array_equal(table.y_NxT, local.eval.y_NxT)
 
 
+def test_a_streamed_table_is_read_from_a_gs_data_dir(roots, gcs_dir):
+  local = _dataset(roots['local'], f'{roots["tmp"]}/d')
+  remote = _dataset(roots['gcs'], f'{gcs_dir}/data')
+  for dataset in (local, remote):
+    dataset.resident_table_mb = 0
+    dataset.validation_fraction = 0.1
+  a = splits_lib.load_splits(dataset_config(local), seed=0)
+  b = splits_lib.load_splits(dataset_config(remote), seed=0)
+  assert isinstance(b.train, Store) and b.train.directory.startswith(gcs_dir)
+  np.testing.assert_array_equal(b.train.read_rows(0, b.train.num_examples),
+                                a.train.read_rows(0, a.train.num_examples))
+  np.testing.assert_array_equal(b.validation.x_NxF, a.validation.x_NxF)
+  np.testing.assert_array_equal(b.blocks.rows(), a.blocks.rows())
+
+
 def test_a_generated_dataset_in_a_gs_data_dir(gcs_dir, data_dir,
                                               monkeypatch):
   name = 'synthetic_regression/linear'
@@ -341,23 +357,33 @@ def _train_py(*args: str) -> subprocess.CompletedProcess:
       [sys.executable, 'train.py', '--config=configs/csv.py',
        '--config.dataset.target_columns=y', '--config.num_train_steps=40',
        '--config.log_every_steps=20', '--config.eval_every_steps=40',
-       '--config.checkpoint_every_steps=40', *args],
+       '--config.checkpoint_every_steps=40',
+       # Held-out rows rather than folds: a streamed table can be validated.
+       '--config.dataset.validation_folds=0',
+       '--config.dataset.validation_fraction=0.1', *args],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
       check=False)
 
 
 @pytest.mark.slow
 def test_train_py_on_gs_tables_reports_what_local_tables_do(roots):
+  """The gs:// run also keeps its prepared copy on gs:// and streams the
+  training table from it (resident and streamed train alike bit for bit:
+  tests/test_streaming.py)."""
   metrics = {}
   for side in ('local', 'gcs'):
     workdir = f'{roots["tmp"]}/run_{side}'
+    data_dir = (f'{workdir}_data' if side == 'local'
+                else f'{roots["gcs"]}/data')
     result = _train_py(
-        f'--workdir={workdir}', f'--config.dataset.data_dir={workdir}_data',
+        f'--workdir={workdir}', f'--config.dataset.data_dir={data_dir}',
         f'--config.dataset.train_path={roots[side]}/train-*.parquet',
-        f'--config.dataset.eval_path={roots[side]}/eval.csv')
+        f'--config.dataset.eval_path={roots[side]}/eval.csv',
+        f'--config.dataset.resident_table_mb={int(side == "local")}')
     assert result.returncode == 0, result.stderr[-3000:]
     with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as f:
       metrics[side] = [json.loads(line) for line in f]
+  assert len(storage.glob(f'{roots["gcs"]}/data/csv_regression/*/*.f32')) == 4
   evals = [m for m in metrics['local'] if 'eval/rmse' in m]
   assert evals and evals[-1]['step'] == 40
   drop = ('time', 'seconds', 'per_sec', 'steps_per', 'wall')
