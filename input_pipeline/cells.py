@@ -69,6 +69,16 @@ def as_text(value: Any) -> str:
   return str(value).strip()
 
 
+def is_constant(values: pd.Series) -> bool:
+  """Whether every cell of `values` (none missing) holds one value, told
+  apart as their text is (`as_text`: 1.0 and 1 are one value)."""
+  if values.dtype.kind in 'biuf':
+    # The same answer as the text's, without a Python call a cell (which
+    # took most of the time to prepare a table of numbers).
+    return bool(values.min() == values.max())
+  return values.map(as_text).nunique() == 1
+
+
 def _days_from_civil(xp, y, m, d):
   """Days since 1970-01-01 of a proleptic Gregorian date (float64)."""
   y = y - xp.where(m <= 2, 1.0, 0.0)

@@ -327,8 +327,7 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
   if _holds_lists(present):
     return Column(name, 'left_out', reason='lists or structs, not one value '
                   'a cell: give each part a column of its own to use it')
-  if not len(present) or (not has_missing
-                          and present.map(cells.as_text).nunique() == 1):
+  if not len(present) or (not has_missing and cells.is_constant(present)):
     # Nothing to learn from, and a value sent at prediction would meet a
     # scale fit on none: the model must not read it.
     shown = ('empty' if not len(present) else

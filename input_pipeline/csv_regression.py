@@ -12,10 +12,16 @@ reader, pandas' chunked CSV reader), and keeps the result in
 order and `test-00000.f32` for the evaluation file, each with a
 `<part>.json` of its counts, and `manifest.json`, written last (the plan,
 the parts, the row counts, the training data's content key). The key is a
-sha256 of every file's bytes and the selection, so a prepared dataset is
-found again while the files are unchanged (wherever they are moved) and a
-changed file is prepared afresh. No process ever holds a whole file, and
-with several processes each hashes only its share of the files.
+sha256 of every file's digest (input_pipeline/file_keys.py) and the
+selection, so a prepared dataset is found again while the files are
+unchanged (wherever they are moved) and a changed file is prepared afresh.
+No process ever holds a whole file, and with several processes each hashes
+only its share of the files.
+
+The files and data_dir may be local or gs:// URLs (input_pipeline/paths.py):
+every file goes through the `storage` layer, a table on gs:// is read by
+ranged reads, and every file of the prepared copy is written whole (objects
+appear whole on upload), so what exists is complete there too.
 
 The plan is fit on the training rows when they number at most
 PLAN_SAMPLE_ROWS, else on the first rows of each file (an equal share of
@@ -36,16 +42,16 @@ manifest and in one warning line.
 import contextlib
 import json
 import os
-import shutil
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from absl import logging
 
+import storage
 from input_pipeline import column_plan, file_keys, table_files
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
+from input_pipeline.paths import named
 from input_pipeline.store import Part, Store, write_part
 from input_pipeline.tables import Table
 
@@ -63,7 +69,7 @@ Barrier = Callable[[str], None]
 
 def prepared_dir(data_dir: str, key: str) -> str:
   """Where the dataset of content key `key` is prepared."""
-  return os.path.join(data_dir, NAME, key)
+  return storage.join(data_dir, NAME, key)
 
 
 def prepare(train_path: str | Sequence[str], eval_path: str,
@@ -107,8 +113,9 @@ def prepare(train_path: str | Sequence[str], eval_path: str,
   directory = prepared_dir(data_dir, file_keys.content_key(
       digests, eval_digest, target_columns, feature_columns,
       categorical_columns))
-  if os.path.exists(os.path.join(directory, MANIFEST)):
-    return directory
+  with named('dataset.data_dir'):
+    if storage.exists(storage.join(directory, MANIFEST)):
+      return directory
   try:
     _prepare(directory, files, eval_path, digests,
              (target_columns, feature_columns, categorical_columns),
@@ -116,11 +123,21 @@ def prepare(train_path: str | Sequence[str], eval_path: str,
   except DataError:
     # A bad file leaves nothing behind (an incomplete directory has no
     # manifest and would only be prepared again).
-    shutil.rmtree(directory, ignore_errors=True)
-    with contextlib.suppress(OSError):
-      os.rmdir(os.path.dirname(directory))  # if now empty
+    _remove(directory)
     raise
   return directory
+
+
+def _remove(directory: str) -> None:
+  """Deletes `directory`, and its parent if that is left empty."""
+  with contextlib.suppress(OSError, storage.StorageError):
+    storage.rmtree(directory)
+  # gs:// has no empty directories. The layer has no rmdir, and removing
+  # the parent only if empty must be one call: another process may be
+  # preparing beside.
+  if not storage.is_remote(directory):
+    with contextlib.suppress(OSError):
+      os.rmdir(os.path.dirname(directory))
 
 
 def _prepare(directory: str, files: Sequence[str], eval_path: str,
@@ -128,7 +145,7 @@ def _prepare(directory: str, files: Sequence[str], eval_path: str,
              process_index: int, process_count: int, wait: Barrier) -> None:
   """`prepare`'s work, its share of it for this process."""
   sources = ('dataset.train_path', 'dataset.eval_path')
-  os.makedirs(directory, exist_ok=True)
+  storage.makedirs(directory)
   parts = [(f'train-{i:05d}', path, sources[0]) for i, path in
            enumerate(files)] + [('test-00000', eval_path, sources[1])]
   mine = [p for i, p in enumerate(parts[:-1])
@@ -149,17 +166,17 @@ def _prepare(directory: str, files: Sequence[str], eval_path: str,
 
   step('plan', lambda: _write_plan(directory, files, sources[0], selection)
        if process_index == 0 else None)
-  if not os.path.exists(os.path.join(directory, PLAN)):
+  if not storage.exists(storage.join(directory, PLAN)):
     _write_plan(directory, files, sources[0], selection)  # not shared
   plan = _read_plan(directory)
   step('parts', lambda: [_encode_part(directory, plan, *p) for p in mine])
   for part in parts:
-    if not os.path.exists(os.path.join(directory, f'{part[0]}.json')):
+    if not storage.exists(storage.join(directory, f'{part[0]}.json')):
       _encode_part(directory, plan, *part)  # not shared
   step('manifest', lambda: _write_manifest(
       directory, plan, parts, digests, files, eval_path)
        if process_index == 0 else None)
-  if not os.path.exists(os.path.join(directory, MANIFEST)):
+  if not storage.exists(storage.join(directory, MANIFEST)):
     _write_manifest(directory, plan, parts, digests, files, eval_path)
 
 
@@ -195,14 +212,14 @@ def _write_plan(directory: str, files: Sequence[str], source: str,
     raise
   if (warning := column_plan.left_out_warning(plan)) is not None:
     logging.warning('csv_regression: %s.', warning)
-  _write_json(os.path.join(directory, PLAN), plan.to_json())
+  _write_json(storage.join(directory, PLAN), plan.to_json())
 
 
 def _read_plan(directory: str) -> ColumnPlan:
   try:
-    with open(os.path.join(directory, PLAN), encoding='utf-8') as f:
+    with storage.open(storage.join(directory, PLAN)) as f:
       return ColumnPlan.from_json(json.load(f))
-  except (OSError, json.JSONDecodeError) as e:
+  except (OSError, json.JSONDecodeError, storage.StorageError) as e:
     raise DataError(f'cannot read the column plan in {directory!r} '
                     f'({type(e).__name__}: {e}); delete that directory and '
                     'run again to prepare it afresh') from None
@@ -229,7 +246,8 @@ def _encode_part(directory: str, plan: ColumnPlan, part: str, path: str,
       missing |= np.isnan(x_NxI[keep]).any(axis=0)
       yield np.concatenate([x_NxI[keep], y_NxT[keep]], axis=1)
 
-  rows = write_part(os.path.join(directory, f'{part}.f32'), chunks(), columns)
+  rows = write_part(storage.join(directory, f'{part}.f32'), chunks(),
+                    columns)
   dropped = counts['rows_without_target']
   training = part.startswith('train')
   if dropped:
@@ -244,9 +262,9 @@ def _encode_part(directory: str, plan: ColumnPlan, part: str, path: str,
     raise DataError(f'{table_files.describe(path, source)} has no row with '
                     f'a value for {", ".join(plan.targets)}; give it rows '
                     'whose target is known')
-  _write_json(os.path.join(directory, f'{part}.json'), {
+  _write_json(storage.join(directory, f'{part}.json'), {
       'rows': rows, 'rows_without_target': dropped,
-      'missing': missing.tolist(), 'path': os.path.abspath(path)})
+      'missing': missing.tolist(), 'path': storage.absolute(path)})
 
 
 def _write_manifest(directory: str, plan: ColumnPlan,
@@ -255,7 +273,7 @@ def _write_manifest(directory: str, plan: ColumnPlan,
                     eval_path: str) -> None:
   info = {}
   for part, _, _ in parts:
-    with open(os.path.join(directory, f'{part}.json'), encoding='utf-8') as f:
+    with storage.open(storage.join(directory, f'{part}.json')) as f:
       info[part] = json.load(f)
   split_parts = {s: [p for p, _, _ in parts if p.startswith(s)]
                  for s in SPLITS}
@@ -271,29 +289,27 @@ def _write_manifest(directory: str, plan: ColumnPlan,
       'missing': np.any([info[p]['missing'] for p in split_parts['train']],
                         axis=0).tolist(),
       'train_key': file_keys.file_key(digests),
-      'train_path': [os.path.abspath(f) for f in files],
-      'eval_path': os.path.abspath(eval_path)}
+      'train_path': [storage.absolute(f) for f in files],
+      'eval_path': storage.absolute(eval_path)}
   logging.info('csv_regression: %s; %d train and %d test rows of %s and %s '
                'prepared into %s.', plan.describe(), manifest_['rows']['train'],
                manifest_['rows']['test'], ', '.join(files), eval_path,
                directory)
-  _write_json(os.path.join(directory, MANIFEST), manifest_)
+  _write_json(storage.join(directory, MANIFEST), manifest_)
 
 
 def _write_json(path: str, value: dict) -> None:
   """Atomically: a reader sees the whole file or none."""
-  tmp = f'{path}.{uuid.uuid4().hex}.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
+  with storage.atomic_write(path) as f:
     json.dump(value, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
 
 
 def manifest(directory: str) -> dict:
   """The manifest of a prepared dataset (plan, parts, rows, the train key)."""
   try:
-    with open(os.path.join(directory, MANIFEST), encoding='utf-8') as f:
+    with storage.open(storage.join(directory, MANIFEST)) as f:
       return json.load(f)
-  except (OSError, json.JSONDecodeError) as e:
+  except (OSError, json.JSONDecodeError, storage.StorageError) as e:
     raise DataError(f'cannot read the prepared dataset in {directory!r} '
                     f'({type(e).__name__}: {e}); delete that directory and '
                     'run again to prepare it afresh') from None

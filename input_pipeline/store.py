@@ -5,23 +5,25 @@ float32 rows (row-major: a row's model inputs, then its targets; NumPy's
 `np.fromfile`/`np.memmap` layout, shape in the manifest), in table order.
 Rows [a, b) of a split are a handful of contiguous byte ranges, so a process
 reads a block of rows with one read per part it spans and never holds the
-rest. Parts are written whole, then renamed, so a part that exists is
-complete.
+rest. Parts are written whole (`storage.atomic_write`: renamed into place
+locally, uploaded as one object on gs://, where objects appear whole), so a
+part that exists is complete.
 
 We chose this over ArrayRecord (one record per block of rows, read through
-Grain): a block here costs one `preadv` and no decoding or per-record
-Python, and the order (input_pipeline/order.py) already decides which blocks
-each process reads, which is what Grain's index sampler would add.
-docs/performance.md measures the preparation and reading speeds.
+Grain): a block here costs one `preadv` (one ranged GET on gs://) and no
+decoding or per-record Python, and the order (input_pipeline/order.py)
+already decides which blocks each process reads, which is what Grain's
+index sampler would add. docs/performance.md measures the preparation and
+reading speeds.
 """
 
 import dataclasses
 import os
-import uuid
 from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+import storage
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 
@@ -46,28 +48,22 @@ class Part:
 def write_part(path: str, chunks: Iterable[np.ndarray], columns: int) -> int:
   """Writes the rows of `chunks` (each n x `columns` float32) to `path`.
 
-  Written to a temporary name and renamed once complete, so a reader never
-  sees half a part; the processes of a job may write the same part at once.
+  A reader never sees half a part (see the module doc); the processes of a
+  job may write the same part at once, each replacing it whole.
 
   Returns:
     The number of rows written.
   """
-  tmp = f'{path}.{uuid.uuid4().hex}.tmp'
   rows = 0
-  try:
-    with open(tmp, 'xb') as f:
-      for chunk in chunks:
-        chunk = np.ascontiguousarray(chunk, DTYPE)
-        if chunk.ndim != 2 or chunk.shape[1] != columns:
-          raise ValueError(f'a chunk of shape {chunk.shape} for a part of '
-                           f'{columns} columns')
-        if chunk.size:  # a chunk of no rows (none has a target) has no view
-          f.write(memoryview(chunk).cast('B'))
-        rows += chunk.shape[0]
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
+  with storage.atomic_write(path, 'wb') as f:
+    for chunk in chunks:
+      chunk = np.ascontiguousarray(chunk, DTYPE)
+      if chunk.ndim != 2 or chunk.shape[1] != columns:
+        raise ValueError(f'a chunk of shape {chunk.shape} for a part of '
+                         f'{columns} columns')
+      if chunk.size:  # a chunk of no rows (none has a target) has no view
+        f.write(memoryview(chunk).cast('B'))
+      rows += chunk.shape[0]
   return rows
 
 
@@ -92,10 +88,13 @@ class Store:
     self._ends = np.cumsum([p.rows for p in self.parts], dtype=np.int64)
     self.missing_I = (np.zeros(self.num_inputs, bool) if missing_I is None
                       else np.asarray(missing_I, bool))
-    self._fds = {}
+    self._readers = {}
     for part in self.parts:
-      path = os.path.join(directory, part.file)
-      size = os.path.getsize(path) if os.path.exists(path) else -1
+      path = storage.join(directory, part.file)
+      try:
+        size = storage.size(path)
+      except FileNotFoundError:
+        size = -1
       if size != part.rows * self.columns * DTYPE.itemsize:
         raise DataError(
             f'the prepared file {path!r} should hold {part.rows} rows of '
@@ -130,9 +129,8 @@ class Store:
       take = min(stop, int(self._ends[part])) - at
       done = (at - start) * row_bytes
       want = take * row_bytes
-      # preadv: no shared file position, so threads may read at once.
-      if os.preadv(self._fd(part), [view[done:done + want]],
-                   (at - part_start) * row_bytes) != want:
+      if self._read_into(part, view[done:done + want],
+                         (at - part_start) * row_bytes) != want:
         raise DataError(f'{self.parts[part].file} in {self.directory!r} is '
                         'shorter than its manifest says; delete that '
                         'directory and run again to prepare it afresh')
@@ -146,13 +144,33 @@ class Store:
     return (np.ascontiguousarray(rows[:, :self.num_inputs]),
             np.ascontiguousarray(rows[:, self.num_inputs:]))
 
-  def _fd(self, part: int) -> int:
-    if part not in self._fds:
-      self._fds[part] = os.open(
-          os.path.join(self.directory, self.parts[part].file), os.O_RDONLY)
-    return self._fds[part]
+  def _read_into(self, part: int, out: memoryview, offset: int) -> int:
+    """Reads part `part` from `offset` into `out`; the bytes read.
+
+    No shared file position either way, so threads may read at once.
+    """
+    reader = self._reader(part)
+    if isinstance(reader, int):
+      # preadv straight into the output: RangeReader's pread returns new
+      # bytes, and copying those again slows page-cache reads markedly.
+      return os.preadv(reader, [out], offset)
+    data = reader.read_at(offset, len(out))
+    out[:len(data)] = data
+    return len(data)
+
+  def _reader(self, part: int) -> int | storage.RangeReader:
+    """A local part's descriptor, or a gs:// part's RangeReader."""
+    if part not in self._readers:
+      path = storage.join(self.directory, self.parts[part].file)
+      self._readers[part] = (storage.RangeReader(path)
+                             if storage.is_remote(path)
+                             else os.open(path, os.O_RDONLY))
+    return self._readers[part]
 
   def close(self) -> None:
-    for fd in self._fds.values():
-      os.close(fd)
-    self._fds = {}
+    for reader in self._readers.values():
+      if isinstance(reader, int):
+        os.close(reader)
+      else:
+        reader.close()
+    self._readers = {}

@@ -8,6 +8,10 @@ may hold is the column plan's to check: column_plan.py). Rows are counted as
 *data rows*, 1-based, the header not counted: data row 1 is the first row
 under the header (line 2 of a plain CSV file).
 
+A path may be local or a gs:// URL: files are read through the `storage`
+layer, a large one in pieces (ranged reads on gs://), never downloaded whole
+to be parsed a chunk at a time.
+
 pandas and pyarrow are imported by the functions that parse or write a file,
 not with this module: they are slow to import, and a training run on an
 already prepared dataset never parses a file.
@@ -16,14 +20,16 @@ already prepared dataset never parses a file.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import io
-import os
 import re
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+import storage
 from input_pipeline.errors import DataError
+from input_pipeline.paths import named
 
 if TYPE_CHECKING:
   import pandas as pd
@@ -57,20 +63,28 @@ def read_bytes(path: str, source: str = '') -> bytes:
     The file's bytes.
   """
   check_file(path, source)
-  with open(path, 'rb') as f:
+  with storage.open(path, 'rb') as f:
     return f.read()
 
 
 def check_file(path: str, source: str = '') -> None:
-  """DataError unless `path` names an existing file (`read_bytes`'s)."""
+  """DataError unless `path` names an existing file (`read_bytes`'s).
+
+  Also for what the storage layer refuses (an unknown URL scheme, a bucket
+  that does not exist), the message naming `source`.
+  """
   name = describe(path, source)
   if not path:
     raise DataError(f'no file given{f" for {source}" if source else ""}; '
                      'give the path of a CSV or Parquet file')
-  if not os.path.exists(path):
+  with named(source):
+    # One request on gs:// when it is a file, the usual case.
+    is_file = storage.isfile(path)
+    missing = not is_file and not storage.exists(path)
+  if missing:
     raise DataError(f'{name} does not exist; give the path of a CSV or '
                      'Parquet file with a header row')
-  if not os.path.isfile(path):
+  if not is_file:
     raise DataError(f'{name} is not a file; give the path of a CSV or '
                      'Parquet file with a header row')
 
@@ -138,7 +152,7 @@ def _not_utf8(name: str, pieces: Iterator[bytes]) -> DataError:
 
 
 def _pieces(path: str) -> Iterator[bytes]:
-  with open(path, 'rb') as f:
+  with storage.open(path, 'rb') as f:
     while piece := f.read(1 << 20):
       yield piece
 
@@ -247,7 +261,7 @@ def iter_frames(path: str, source: str, chunk_rows: int
 def _csv_frames(path: str, name: str, chunk_rows: int
                 ) -> Iterator[pd.DataFrame]:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
-  with open(path, 'rb') as f:
+  with storage.open(path, 'rb') as f:
     head = f.read(1 << 16)
   if not head.strip():
     raise DataError(f'{name} is empty; it needs a header row and at least '
@@ -260,12 +274,16 @@ def _csv_frames(path: str, name: str, chunk_rows: int
   try:
     with warnings.catch_warnings():
       warnings.simplefilter('error', pd.errors.ParserWarning)
-      header = pd.read_csv(path, header=None, nrows=1, dtype=str,
-                           keep_default_na=False, **options).iloc[0].tolist()
+      with storage.open(path, 'rb') as f:
+        header = pd.read_csv(f, header=None, nrows=1, dtype=str,
+                             keep_default_na=False, **options).iloc[0].tolist()
       if (error := _duplicate_error(name, header)) is not None:
         raise error
-      with pd.read_csv(path, na_values=list(MISSING_TOKENS),
-                       chunksize=chunk_rows, **options) as reader:
+      # On gs:// a buffered file of sequential ranged reads: the file
+      # streams through, as a local one does.
+      with storage.open(path, 'rb') as f, pd.read_csv(
+          f, na_values=list(MISSING_TOKENS), chunksize=chunk_rows,
+          **options) as reader:
         yield from reader
   except pd.errors.EmptyDataError:
     raise DataError(f'{name} is empty; it needs a header row and at least '
@@ -283,18 +301,29 @@ def _parquet_frames(path: str, name: str, chunk_rows: int
                     ) -> Iterator[pd.DataFrame]:
   import pyarrow as pa  # noqa: PLC0415  (see the module doc)
   import pyarrow.parquet as pq  # noqa: PLC0415
+  remote = storage.is_remote(path)
   try:
-    if not os.path.getsize(path):
+    if not storage.size(path):
       raise DataError(f'{name} is empty; it needs at least one column and '
                       'one row')
-    parquet = pq.ParquetFile(path)
-    if (error := _duplicate_error(name, parquet.schema_arrow.names)
-        ) is not None:
-      raise error
-    if not parquet.metadata.num_rows:
-      yield parquet.schema_arrow.empty_table().to_pandas()
-    for batch in parquet.iter_batches(batch_size=chunk_rows):
-      yield batch.to_pandas()
+    with contextlib.ExitStack() as stack:
+      # pyarrow reads a local file itself. On gs:// pre_buffer makes a row
+      # group's column chunks one ranged read instead of one each (0.28 of
+      # the local rate without, 0.63 with: docs/storage.md).
+      parquet = pq.ParquetFile(
+          stack.enter_context(storage.open(path, 'rb')) if remote else path,
+          pre_buffer=remote)
+      if (error := _duplicate_error(name, parquet.schema_arrow.names)
+          ) is not None:
+        raise error
+      if not parquet.metadata.num_rows:
+        yield parquet.schema_arrow.empty_table().to_pandas()
+      # A row group at a time: pre-buffering holds what it reads until the
+      # read is over, so this bounds it by a row group, not the file.
+      for group in range(parquet.num_row_groups):
+        for batch in parquet.iter_batches(batch_size=chunk_rows,
+                                          row_groups=[group]):
+          yield batch.to_pandas()
   except (pa.ArrowException, OSError) as e:
     raise DataError(f'{name} is not a readable Parquet file '
                      f'({_one_line(e)}); write it again, or name a CSV file '

@@ -7,21 +7,30 @@ A split is parsed with TensorFlow once (`load_table`); `read_split` then keeps
 the table as a numpy file in the prepared dataset's directory and later runs
 load that instead. Importing TensorFlow takes seconds, so a restart on
 prepared, already read data imports neither TensorFlow nor TFDS.
+
+A data_dir may be a gs:// URL: TFDS's files are then made and parsed in a
+local temporary directory (input_pipeline/tfds_copies.py says why) and
+kept in the data_dir, with the numpy files, so a later run reads a split
+with one download and no TensorFlow.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
+import tempfile
 import urllib.parse
-import uuid
 import zipfile
 from typing import TYPE_CHECKING
 
 import numpy as np
 from absl import logging
 
+import storage
+from input_pipeline import tfds_copies
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
+from input_pipeline.paths import named
 
 if TYPE_CHECKING:
   import tensorflow_datasets as tfds
@@ -36,6 +45,8 @@ _GENERATED_VERSION = '1.0.0'
 # directory. The number changes whenever `load_table` would read a split
 # differently, so that tables parsed by an older meshfit are not used.
 _PARSED_DIR = 'meshfit_tables.v2'
+# TFDS writes it last: a directory that has it is prepared.
+_INFO = 'dataset_info.json'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,8 +140,11 @@ def generated_plan(num_features: int, num_targets: int) -> ColumnPlan:
 
 
 def check_data_dir(data_dir: str) -> None:
-  """Raises DataError if `data_dir` exists but is not a directory."""
-  if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+  """Raises DataError if `data_dir` exists but is not a directory, or is a
+  URL that storage refuses (an unknown scheme, a missing bucket)."""
+  with named('dataset.data_dir'):
+    is_file = storage.exists(data_dir) and not storage.isdir(data_dir)
+  if is_file:
     raise DataError(
         f'data_dir {data_dir!r} is a file; point it at a directory (it is '
         'created if missing).'
@@ -200,11 +214,20 @@ def prepare_generated(name: str, data_dir: str) -> str:
   """
   _check_generated(name, data_dir)
   # TFDS's own layout: <data_dir>/<builder>/<config>/<version>.
-  directory = os.path.join(data_dir, *name.split('/'), _GENERATED_VERSION)
+  directory = storage.join(data_dir, *name.split('/'), _GENERATED_VERSION)
   # TFDS writes dataset_info.json last, once the split files are complete.
-  if not os.path.exists(os.path.join(directory, 'dataset_info.json')):
-    prepare(name, data_dir)
+  if not storage.exists(storage.join(directory, _INFO)):
+    if storage.is_remote(data_dir):
+      _upload_generated(name, directory)
+    else:
+      prepare(name, data_dir)
   return directory
+
+
+def _upload_generated(name: str, directory: str) -> None:
+  """Generates `name` locally, then uploads it to `directory` on gs://."""
+  with tempfile.TemporaryDirectory(prefix='meshfit-tfds-') as local:
+    tfds_copies.upload(prepare_generated(name, local), directory, _INFO)
 
 
 def open_prepared(directory: str) -> 'tfds.core.DatasetBuilder':
@@ -327,19 +350,21 @@ def load_table(builder: 'tfds.core.DatasetBuilder', split: str) -> Table:
 def _parsed_path(directory: str, split: str) -> str:
   """Where `read_split` keeps `split` of the dataset in `directory`."""
   # Quoted: split names may hold slices such as 'train[:10%]'.
-  return os.path.join(directory, _PARSED_DIR,
+  return storage.join(directory, _PARSED_DIR,
                       urllib.parse.quote(split, safe='') + '.npz')
 
 
 def _load_parsed(path: str) -> Table | None:
   """The table kept at `path`, or None if there is none or it is unusable."""
   try:
-    with np.load(path, allow_pickle=False) as arrays:
+    with storage.open(path, 'rb') as f, np.load(f, allow_pickle=False
+                                                 ) as arrays:
       return Table(x_NxF=arrays['x_NxF'], y_NxT=arrays['y_NxT'],
                    plan=ColumnPlan.from_json(json.loads(str(arrays['plan']))))
   except FileNotFoundError:
     return None
-  except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+  except (OSError, KeyError, ValueError, zipfile.BadZipFile,
+          storage.StorageError) as e:
     # Written atomically, so only outside damage gets here: parse again.
     logging.warning('Ignoring %s, which cannot be read (%s: %s); the split '
                     'is parsed again.', path, type(e).__name__, e)
@@ -348,20 +373,16 @@ def _load_parsed(path: str) -> Table | None:
 
 def _save_parsed(path: str, table: Table) -> None:
   """Keeps `table` at `path`, atomically; failing to only costs time later."""
-  # Unique per writer: the processes of a job may share a data_dir and all
-  # write the same table at once; each replaces the file whole.
-  tmp = f'{path}.{uuid.uuid4().hex}.tmp'
+  # The processes of a job may share a data_dir and all write the same
+  # table at once; atomic_write has each replace the file whole.
   try:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(tmp, 'xb') as f:
+    storage.makedirs(storage.dirname(path))
+    with storage.atomic_write(path, 'wb') as f:
       np.savez(f, x_NxF=table.x_NxF, y_NxT=table.y_NxT,
                plan=np.array(json.dumps(table.plan.to_json())))
-    os.replace(tmp, path)
-  except OSError as e:  # A read-only data_dir, a full disk.
+  except (OSError, storage.StorageError) as e:  # read-only, a full disk
     logging.warning('Could not keep the parsed split in %s (%s); later runs '
                     'parse it again.', path, e)
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 def read_split(directory: str, split: str) -> Table:
@@ -387,6 +408,9 @@ def read_split(directory: str, split: str) -> Table:
   path = _parsed_path(directory, split)
   table = _load_parsed(path)
   if table is None:
-    table = load_table(open_prepared(directory), split)
+    with (tfds_copies.downloaded(directory, _PARSED_DIR)
+          if storage.is_remote(directory)
+          else contextlib.nullcontext(directory)) as local:
+      table = load_table(open_prepared(local), split)
     _save_parsed(path, table)
   return table

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from input_pipeline import column_plan
+from input_pipeline import cells, column_plan
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 
@@ -314,3 +314,13 @@ def test_a_target_without_any_value_is_refused():
   with pytest.raises(DataError, match="'train.csv' has no value in target "
                      "column 'price'"):
     _fit(frame)
+
+
+@pytest.mark.parametrize('values', [
+    [7.0, 7.0], [0.0, -0.0], [7, 7.0], [7.0, 7.000001], [1e20, 1e20 + 1e5],
+    [True, True], [True, False], np.float32([0.1, 0.1]), [3, 4]])
+def test_a_constant_column_of_numbers_is_told_as_its_text_tells_it(values):
+  # Numbers are compared without the text (a Python call a cell).
+  series = pd.Series(values)
+  assert cells.is_constant(series) == (
+      series.astype(object).map(cells.as_text).nunique() == 1)

@@ -141,7 +141,7 @@ def test_two_processes_prepare_their_shares_into_the_same_files(
     return every
 
   monkeypatch.setattr(csv_regression, '_encode_part', recording)
-  monkeypatch.setattr(csv_regression, 'file_digest', hashing)
+  monkeypatch.setattr(file_keys, 'file_digest', hashing)
   results, errors = {}, []
 
   def process(index):

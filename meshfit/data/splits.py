@@ -1,17 +1,18 @@
 """The run's tables: prepared once per job, then read by every process."""
 
 import dataclasses
-import os
 
 import jax
 import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
+import storage
 from input_pipeline import column_plan, csv_regression, table_files, tables
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 from input_pipeline.order import Blocks, fold_blocks, hold_out_blocks
+from input_pipeline.paths import expand, named
 from input_pipeline.store import Store
 from input_pipeline.tables import Table
 from meshfit.config import DatasetConfig
@@ -86,18 +87,23 @@ def _barrier(name: str) -> None:
 
 
 def _prepare(dataset: DatasetConfig) -> str:
-  """The prepared dataset's directory, preparing it first if needed."""
-  data_dir = os.path.expanduser(dataset.data_dir)
+  """The prepared dataset's directory, preparing it first if needed.
+
+  Each path may be local (`~` expanded) or a gs:// URL.
+  """
+  data_dir = expand(dataset.data_dir, 'dataset.data_dir')
   if dataset.name == csv_regression.NAME:
     tables.check_data_dir(data_dir)
-    train_path = dataset.train_path
-    if not os.path.isfile(os.path.expanduser(train_path)):
-      train_path = tuple(os.path.expanduser(p.strip())
-                         for p in train_path.split(',') if p.strip())
+    source = 'dataset.train_path'
+    train_path = expand(dataset.train_path, source)
+    with named(source):
+      is_file = storage.isfile(train_path)
+    if not is_file:  # a glob, or several separated by commas
+      train_path = tuple(expand(p.strip(), source)
+                         for p in dataset.train_path.split(',') if p.strip())
     # Every process prepares its share of the training files.
     return csv_regression.prepare(
-        os.path.expanduser(train_path) if isinstance(train_path, str)
-        else train_path, os.path.expanduser(dataset.eval_path),
+        train_path, expand(dataset.eval_path, 'dataset.eval_path'),
         dataset.target_columns, dataset.feature_columns,
         dataset.categorical_columns, data_dir,
         process_index=jax.process_index(),
@@ -240,7 +246,7 @@ def load_eval_split(dataset: DatasetConfig,
   """
   if dataset.name != csv_regression.NAME:
     return tables.read_split(_prepared_dir(dataset), dataset.eval_split)
-  path = os.path.expanduser(dataset.eval_path)
+  path = expand(dataset.eval_path, 'dataset.eval_path')
   frame = table_files.read_frame(path, 'dataset.eval_path')
   x_NxF, unseen = plan.encode(frame, path, 'dataset.eval_path')
   y_NxT = plan.targets_of(frame, path, 'dataset.eval_path')
