@@ -23,7 +23,6 @@ times, on each side:
 """
 
 import argparse
-import importlib.util
 import os
 import tempfile
 import time
@@ -39,16 +38,6 @@ import storage  # noqa: E402
 from storage import emulator as gcs_emulator  # noqa: E402
 
 EVAL_ROWS = 100_000
-
-
-def _load_emulator():
-  """tests/gcs_emulator.py, loaded from its file (tests/ is no package)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..',
-                      'tests', 'gcs_emulator.py')
-  spec = importlib.util.spec_from_file_location('gcs_emulator', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def read_parquet(path: str) -> int:
@@ -134,7 +123,6 @@ def main() -> None:
   args = parser.parse_args()
   sections = args.sections.split(',')
 
-  gcs_emulator = _load_emulator()
   with tempfile.TemporaryDirectory() as local, \
       gcs_emulator.running('bench') as emulator:
     os.environ.update(emulator.env())
