@@ -5,6 +5,7 @@ from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from input_pipeline.tables import Table
 from meshfit.data import feeding
@@ -118,10 +119,18 @@ def _by_level(coverage_L: np.ndarray) -> dict[str, float]:
           for level, c in zip(uncertainty.COVERAGE_LEVELS, coverage_L)}
 
 
+def _on_host(x: jax.Array) -> np.ndarray:
+  """`x` whole on this host; one spread over several hosts' devices (the
+  members of a multi-host ensemble) is gathered: every process calls it."""
+  if x.is_fully_addressable:
+    return np.asarray(jax.device_get(x))
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def members_summary(state: state_lib.TrainState,
                     hparams: optim.Hyperparameters) -> dict[str, dict]:
   """{member: {'weight', hyperparameters...}} of the members with a weight."""
-  weights = np.asarray(jax.device_get(state.weights_M))
+  weights = _on_host(state.weights_M)
   return {str(m): {'weight': float(weights[m]), **hparams.member(int(m))}
           for m in np.flatnonzero(weights > 0)}
 
@@ -133,5 +142,5 @@ def ridge_weights(state: state_lib.TrainState, table: Table
   part = state.params.get(mlp.FITTED)
   if part is None:
     return None
-  weight_T = np.asarray(jax.device_get(part['weight']))[0]
+  weight_T = _on_host(part['weight'])[0]
   return {name: float(w) for name, w in zip(table.target_names, weight_T)}
