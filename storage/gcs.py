@@ -3,6 +3,7 @@ errors translated into what a user can act on (StorageError naming the URL,
 FileNotFoundError as locally)."""
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -96,12 +97,31 @@ def _bucket_exists(bucket: str) -> bool:
     return True
 
 
+# After a call has failed for the network with its retries spent, calls to
+# that endpoint in the next FAIL_FAST_SECONDS fail at once: a run stopping
+# for that error must not wait out every other file's retries (~32 s each)
+# on its way out.
+FAIL_FAST_SECONDS = 60.0
+_unreachable: dict[str, tuple[float, str]] = {}  # endpoint: (time, cause)
+
+
 def call(url: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
   """Runs a gcsfs call (which retries with backoff), translating errors."""
+  endpoint = environment.emulator_url() or 'storage.googleapis.com'
+  down = _unreachable.get(endpoint)
+  if down is not None and time.monotonic() - down[0] < FAIL_FAST_SECONDS:
+    raise StorageError(f'{url}: network error, not retried: storage was '
+                       f'unreachable {time.monotonic() - down[0]:.0f} s ago '
+                       f'({down[1]})')
   try:
-    return fn(*args, **kwargs)
+    result = fn(*args, **kwargs)
   except Exception as e:  # noqa: BLE001 (translated, never swallowed)
+    if _is_network(e):
+      _unreachable[endpoint] = (time.monotonic(),
+                                f'{type(e).__name__}: {_first_line(e)}')
     raise translate(url, e) from e
+  _unreachable.pop(endpoint, None)
+  return result
 
 
 def key(url: str) -> str:

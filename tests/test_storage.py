@@ -277,6 +277,13 @@ def test_network_error_gives_up_after_retries(gcs_emulator_url, monkeypatch):
   assert '\n' not in str(e.value)
   # gcsfs tries 6 times, backing off 1, 2, 4, 8, 16 s (plus jitter), once.
   assert 25 < took < 45, took
+  # The next call to that endpoint fails at once: a run that stops for the
+  # first does not wait out every other file's retries.
+  start = time.monotonic()
+  with pytest.raises(storage.StorageError, match='^gs://meshfit-test/y: '
+                     'network error, not retried'):
+    storage.exists('gs://meshfit-test/y')
+  assert time.monotonic() - start < 1
 
 
 def test_orbax_checkpoint_manager_on_gcs(gcs_dir):
