@@ -192,7 +192,8 @@ def _overridden_keys() -> list[str]:
 
 
 class _QuietOrbax(logging.logging.Filter):
-  """Drops Orbax's INFO records (dozens per checkpoint save) and its warning
+  """Drops Orbax's and gcsfs's INFO records (dozens per checkpoint save, one
+  per file opened on gs://) and Orbax's warning
   for a checkpoint saved without a best-metric: meshfit gives the metric to
   its best checkpoints only, on purpose. The storage libraries' records keep
   their one line but lose their tracebacks: a failure that matters reaches
@@ -203,6 +204,8 @@ class _QuietOrbax(logging.logging.Filter):
   def filter(self, record) -> bool:
     if any(part in record.pathname for part in self._STORAGE):
       record.exc_info, record.exc_text = None, None
+    if '/fsspec/' in record.pathname or '/gcsfs/' in record.pathname:
+      return record.levelno >= logging.logging.WARNING  # a line per open
     if '/orbax/' not in record.pathname:
       return True
     return (record.levelno >= logging.logging.WARNING

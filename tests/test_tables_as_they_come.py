@@ -138,7 +138,7 @@ def test_a_changed_training_file_is_named_and_nothing_is_set_aside(
   pd.read_csv(train).iloc[:200].to_csv(train, index=False)
   config.num_train_steps = 200
   before = sorted(os.listdir(os.path.join(workdir, 'checkpoints')))
-  with pytest.raises(UsageError, match=rf"training data '.*train\.csv' is "
+  with pytest.raises(UsageError, match=r"training data '.*train\.csv' is "
                      r'not what the checkpoint of step 100 .* was trained on'):
     loop.train_and_evaluate(config, workdir)
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == before

@@ -1,6 +1,5 @@
 """The writers of logged scalars: console, TensorBoard, metrics.jsonl."""
 
-import logging
 import os
 
 import jax.numpy as jnp
