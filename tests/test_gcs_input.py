@@ -273,6 +273,7 @@ def test_a_streamed_table_is_read_from_a_gs_data_dir(roots, gcs_dir):
   np.testing.assert_array_equal(b.blocks.rows(), a.blocks.rows())
 
 
+@pytest.mark.slow  # builds both synthetic datasets with TFDS
 def test_a_generated_dataset_in_a_gs_data_dir(gcs_dir, data_dir,
                                               monkeypatch):
   name = 'synthetic_regression/linear'

@@ -38,6 +38,7 @@ def _param_dtypes(model: Mlp) -> set[jnp.dtype]:
   return {p.dtype for p in jax.tree.leaves(nnx.state(model, nnx.Param))}
 
 
+@pytest.mark.slow  # trains: jitted steps on the mesh
 def test_bf16_compute_keeps_f32_params_and_f32_predictions():
   model = _model('bfloat16')
   assert _param_dtypes(model) == {jnp.dtype(jnp.float32)}
@@ -102,6 +103,7 @@ def _train_losses(dtype: str, num_steps: int) -> tuple[np.ndarray, dict]:
   return np.array(losses), state.params
 
 
+@pytest.mark.slow  # trains: jitted steps on the mesh
 def test_bf16_training_follows_f32_training_and_keeps_f32_params():
   f32_losses, _ = _train_losses('float32', 30)
   bf16_losses, bf16_params = _train_losses('bfloat16', 30)
@@ -230,6 +232,7 @@ def _has_avx512_bf16() -> bool:
     return False
 
 
+@pytest.mark.slow  # trains: jitted steps on the mesh
 @pytest.mark.skipif(not _has_avx512_bf16(),
                     reason='XLA:CPU upcasts bfloat16 dots without avx512_bf16')
 def test_every_bf16_training_matmul_runs_in_bfloat16():
@@ -288,6 +291,7 @@ def _collectives(hlo_text: str) -> list[str]:
       r'collective-permute)(?:-start)?\(', hlo_text))
 
 
+@pytest.mark.slow  # trains: jitted steps on the mesh
 def test_bf16_training_on_a_sharded_mesh_matches_one_device():
   one_device, _ = _train_on_mesh(sharding.make_mesh(1, 1, jax.devices()[:1]),
                                  'bfloat16', 20)
@@ -304,6 +308,7 @@ def test_bf16_training_on_a_sharded_mesh_matches_one_device():
   assert _collectives(hlo)  # the mesh does split the model
 
 
+@pytest.mark.slow  # trains: jitted steps on the mesh
 def test_raw_numbers_are_standardised_clipped_and_read_by_the_first_layer():
   from meshfit.data import features  # noqa: PLC0415
   x_NxF = np.array([[0.0, 1.0], [1.0, 2.0], [2.0, 30.0], [np.nan, 3.0],

@@ -16,6 +16,10 @@ from meshfit.model.setup import make_setup
 from meshfit.parallel import sharding
 from meshfit.train import call_plan
 
+# Jitted train steps on several meshes, each compiled anew: left out of
+# `make test-fast`.
+pytestmark = pytest.mark.slow
+
 MESHES = [(8, 1), (4, 2), (2, 4), (1, 8)]
 
 
