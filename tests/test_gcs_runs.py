@@ -344,14 +344,18 @@ def test_the_network_going_down_mid_run_is_one_line_and_keeps_checkpoints(
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=f, stderr=f)
   checkpoints = storage.join(workdir, 'checkpoints')
   deadline = time.monotonic() + 120
-  while not (storage.exists(checkpoints)
-             and len(storage.listdir(checkpoints)) >= 2):
-    assert proc.poll() is None and time.monotonic() < deadline
-    time.sleep(0.2)
-  link.cut()
-  cut = time.monotonic()
-  proc.wait(timeout=240)
-  took = time.monotonic() - cut
+  try:
+    while not (storage.exists(checkpoints)
+               and len(storage.listdir(checkpoints)) >= 2):
+      assert proc.poll() is None and time.monotonic() < deadline
+      time.sleep(0.2)
+    link.cut()
+    cut = time.monotonic()
+    proc.wait(timeout=240)
+    took = time.monotonic() - cut
+  finally:
+    proc.kill()  # nothing left behind if the test fails
+    proc.wait()
   link.restore()
   stderr = log.read_text()
   assert proc.returncode == 2, stderr[-3000:]
