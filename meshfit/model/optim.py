@@ -79,6 +79,13 @@ def learning_rate_schedule(opt: OptimizerConfig, num_train_steps: int,
     return lambda count: jnp.asarray(peak, jnp.float32) * jnp.ones_like(
         count, jnp.float32)
   warmup = min(opt.warmup_steps, num_train_steps)  # 'warmup_cosine'
+  if not warmup:
+    # The same values as optax's warmup_cosine with 0 warmup steps, whose
+    # empty linear part logs a 'non-positive transition_steps' notice.
+    unit = optax.cosine_decay_schedule(
+        init_value=1.0, decay_steps=max(num_train_steps, 1),
+        alpha=opt.end_learning_rate_factor)
+    return lambda count: unit(count) * peak
   unit = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=1.0, warmup_steps=warmup,
       decay_steps=max(num_train_steps, warmup + 1),
