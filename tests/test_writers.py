@@ -54,7 +54,8 @@ def test_two_tensorboard_writers_in_one_second_keep_both_files(tmp_path):
 def test_create_writer_sends_scalars_to_every_destination(tmp_path,
                                                          absl_caplog):
   caplog = absl_caplog
-  writer = writers.create_writer(str(tmp_path), is_main=True)
+  writer = writers.create_writer(str(tmp_path), is_main=True,
+                                 console=writers.LoggingWriter())
   writer.write_scalars(7, {'train/loss': np.float32(0.125), 'eval/r2': 0.5})
   writer.close()
   assert writers.read_jsonl(str(tmp_path / 'metrics.jsonl')) == [
@@ -66,11 +67,40 @@ def test_create_writer_sends_scalars_to_every_destination(tmp_path,
 
 def test_other_processes_only_log(tmp_path, absl_caplog):
   caplog = absl_caplog
-  writer = writers.create_writer(str(tmp_path), is_main=False)
+  writer = writers.create_writer(str(tmp_path), is_main=False,
+                                 console=writers.LoggingWriter())
   writer.write_scalars(3, {'train/loss': 2.0})
   writer.close()
   assert os.listdir(tmp_path) == []
   assert '[3] train/loss=2' in caplog.text
+
+
+def test_without_a_console_process_0_writes_the_files_only(tmp_path,
+                                                           absl_caplog):
+  writer = writers.create_writer(str(tmp_path), is_main=True, console=None)
+  writer.write_scalars(3, {'train/loss': 2.0})
+  writer.close()
+  assert writers.read_jsonl(str(tmp_path / 'metrics.jsonl')) == [
+      {'step': 3, 'train/loss': 2.0}]
+  assert 'train/loss' not in absl_caplog.text
+
+
+def test_the_console_shows_a_metric_per_target_only_for_several(
+    tmp_path, absl_caplog):
+  one = {'eval/mae': 2.0, 'eval/mae/y': 2.0, 'eval/rmse': 3.0,
+         'eval/rmse/y': 3.0, 'val/loss': 0.5, 'val/loss_all_members': 0.6}
+  two = {'eval/mae': 2.0, 'eval/mae/y': 1.0, 'eval/mae/z': 3.0}
+  writer = writers.create_writer(str(tmp_path), is_main=True,
+                                 console=writers.LoggingWriter())
+  writer.write_scalars(1, one)
+  writer.write_scalars(2, two)
+  writer.close()
+  assert ('[1] eval/mae=2, eval/rmse=3, val/loss=0.5, '
+          'val/loss_all_members=0.6\n') in absl_caplog.text
+  assert '[2] eval/mae=2, eval/mae/y=1, eval/mae/z=3\n' in absl_caplog.text
+  # The files keep every scalar.
+  assert writers.read_jsonl(str(tmp_path / 'metrics.jsonl')) == [
+      {'step': 1, **one}, {'step': 2, **two}]
 
 
 def test_async_writer_keeps_order_and_raises_a_failed_write(tmp_path):

@@ -46,11 +46,26 @@ class ScalarWriter(abc.ABC):
 
 
 class LoggingWriter(ScalarWriter):
-  """Logs `[step] name=value, ...` at INFO, as CLU's LoggingWriter does."""
+  """Logs `[step] name=value, ...` at INFO, as CLU's LoggingWriter does,
+  each metric once per target only when there are several targets."""
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-    values = [f'{k}={float(v):.6g}' for k, v in sorted(scalars.items())]
+    shown = without_single_target(scalars)
+    values = [f'{k}={float(v):.6g}' for k, v in sorted(shown.items())]
     logging.info('[%d] %s', step, ', '.join(values))
+
+
+def without_single_target(scalars: Mapping[str, Any]) -> dict[str, Any]:
+  """`scalars` less each `name/<target>` that is the only one of its
+  `name`: with one target, `eval/mae/y` repeats `eval/mae` (metrics.jsonl
+  and TensorBoard keep both)."""
+  children: dict[str, list[str]] = {}
+  for key in scalars:
+    for name in scalars:
+      if key.startswith(name + '/'):
+        children.setdefault(name, []).append(key)
+  alone = {keys[0] for keys in children.values() if len(keys) == 1}
+  return {k: v for k, v in scalars.items() if k not in alone}
 
 
 def _new_event_file(logdir: str) -> storage.AppendWriter:
@@ -188,24 +203,31 @@ def read_jsonl(path: str) -> list[dict[str, float]]:
           if line.strip()]
 
 
-def create_writer(workdir: str, is_main: bool) -> ScalarWriter:
-  """Console, TensorBoard and metrics.jsonl on process 0, console elsewhere.
+def create_writer(workdir: str, is_main: bool,
+                  console: ScalarWriter | None) -> ScalarWriter:
+  """TensorBoard and metrics.jsonl on process 0, and the console.
 
   Args:
     workdir: the run's directory; the event file and metrics.jsonl go there.
     is_main: whether this is the process that writes files (process 0).
+    console: what the console shows of the scalars (None: nothing;
+      meshfit/report/progress.py's `Console` makes it).
 
   Returns:
     A writer to which the training loop hands every scalar it logs.
   """
-  if not is_main:
-    return LoggingWriter()
-  files: ScalarWriter = MultiWriter([
-      TensorBoardWriter(workdir),
-      JsonlWriter(storage.join(workdir, 'metrics.jsonl'))])
-  if storage.is_remote(workdir):
-    files = TimedFlush(files, REMOTE_FLUSH_SECONDS)
-  return MultiWriter([LoggingWriter(), files])
+  destinations = []
+  if is_main:
+    files: ScalarWriter = MultiWriter([
+        TensorBoardWriter(workdir),
+        JsonlWriter(storage.join(workdir, 'metrics.jsonl'))])
+    if storage.is_remote(workdir):
+      files = TimedFlush(files, REMOTE_FLUSH_SECONDS)
+    destinations.append(files)
+  if console is not None:
+    # After the files: a console that fails cannot cost them a record.
+    destinations.append(console)
+  return MultiWriter(destinations)
 
 
 class TimedFlush(ScalarWriter):

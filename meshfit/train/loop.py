@@ -30,7 +30,7 @@ from meshfit.errors import UsageError
 from meshfit.model import metrics, optim, ridge_fit, state as state_lib, steps
 from meshfit.model.setup import Setup, make_setup
 from meshfit.parallel import compilation_cache, sharding
-from meshfit.report import plots, writers
+from meshfit.report import plots, progress, writers
 from meshfit.train import (call_plan, checkpoint_policy,
                            evaluations as evaluations_lib)
 from meshfit.train.loss_watch import LossWatch, NonFiniteLossError
@@ -47,7 +47,8 @@ CallObserver = Callable[[int, jax.Array], None]
 
 def train_and_evaluate(config: ml_collections.ConfigDict | Config,
                        workdir: str, *, splits: splits_lib.Splits | None = None,
-                       on_call: CallObserver | None = None) -> dict:
+                       on_call: CallObserver | None = None,
+                       console: progress.Console | None = None) -> dict:
   """Trains `config` in `workdir` (resuming if it holds a run), then evaluates.
 
   Args:
@@ -55,6 +56,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
     workdir: where config.json, checkpoints and metrics go.
     splits: train on these tables instead of reading config.dataset.
     on_call: called after each train call is dispatched (see CallObserver).
+    console: what the console shows of the scalars (default: every write
+      as an INFO line; train.py shows progress.Progress).
 
   Returns:
     The evaluation of the model eval and predict use (the best step's with
@@ -91,7 +94,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
         state, position, tracker = _restore_or_init(config, setup, ckpt,
                                                     splits)
         final = _train(config, workdir, setup, splits, ckpt, preemption,
-                       state, position, tracker, on_call)
+                       state, position, tracker, on_call, console)
       except storage.StorageError:
         # Storage out of reach: waiting on the saves in flight would only
         # wait out their retries; the committed checkpoints are intact.
@@ -188,7 +191,8 @@ def _train(config: Config, workdir: str, setup: Setup,
            splits: splits_lib.Splits, ckpt: checkpointer.Checkpointer,
            preemption: PreemptionWatch, state: state_lib.TrainState,
            position: int, tracker: BestTracker,
-           on_call: CallObserver | None) -> dict:
+           on_call: CallObserver | None,
+           console: progress.Console | None) -> dict:
   """The loop: calls of several steps, then whatever their last step asks."""
   initial_step = int(jax.device_get(state.step))
   last_step = initial_step if tracker.stopped else config.num_train_steps
@@ -197,7 +201,10 @@ def _train(config: Config, workdir: str, setup: Setup,
     json_files.save_json(config, storage.join(workdir, 'config.json'))
     writers.truncate_jsonl(storage.join(workdir, 'metrics.jsonl'),
                            initial_step)
-  writer = writers.AsyncWriter(writers.create_writer(workdir, is_main))
+  shown = (console or progress.Console()).writer(is_main, progress.Plan.of(
+      initial_step, last_step, -(-splits.member_rows // config.batch_size),
+      tracker))
+  writer = writers.AsyncWriter(writers.create_writer(workdir, is_main, shown))
   train_call = steps.jit_train_call(setup.graphdef, setup.arch.layout,
                                     setup.member_tx, setup.shardings,
                                     setup.mesh, config.log_every_steps,
@@ -232,6 +239,7 @@ def _train(config: Config, workdir: str, setup: Setup,
                         last_step, position)
   except BaseException:
     checkpoints.close()
+    writer.close()
     raise
   table_z = ({} if not feed.resident else steps.jit_encode(
       setup.mesh, setup.arch.layout)(state.stats, feed.device_table()))
