@@ -112,8 +112,14 @@ flags.DEFINE_float('interval', None, '--mode=predict, a model trained with '
                    'model.likelihood=gaussian: also write the central '
                    'interval of this probability, e.g. 0.9, as '
                    '<target>_lower and <target>_upper.')
-flags.DEFINE_bool('library_logs', False, "Show Orbax's INFO logs (its "
-                  'warnings and errors always show).')
+flags.DEFINE_bool('library_logs', False, "Show the libraries' INFO logs "
+                  '(JAX, optax, TFDS, Orbax); their warnings and errors '
+                  'always show. Part of --verbose.')
+flags.DEFINE_bool('verbose', False, 'Also log every log step\'s scalars as '
+                  'INFO lines, the libraries\' INFO logs (--library_logs) '
+                  'and, in a multi-host job, the INFO lines of processes '
+                  'other than 0 (which otherwise show warnings and errors '
+                  'only).')
 # Multi-host (README.md "Multi-host"): automatic on Cloud TPU VMs; elsewhere
 # every process gets the same address and count and its own id. The timeouts
 # are jax.distributed's defaults: a pod's hosts may start minutes apart, and a
@@ -191,30 +197,13 @@ def _overridden_keys() -> list[str]:
           if name.startswith('config.') and FLAGS[name].present]
 
 
-class _QuietOrbax(logging.logging.Filter):
-  """Drops Orbax's and gcsfs's INFO records (dozens per checkpoint save, one
-  per file opened on gs://) and Orbax's warning
-  for a checkpoint saved without a best-metric: meshfit gives the metric to
-  its best checkpoints only, on purpose. The storage libraries' records keep
-  their one line but lose their tracebacks: a failure that matters reaches
-  the user as meshfit's own `error:` line."""
-
-  _STORAGE = ('/orbax/', '/gcsfs/', '/etils/', '/fsspec/')
-
-  def filter(self, record) -> bool:
-    if any(part in record.pathname for part in self._STORAGE):
-      record.exc_info, record.exc_text = None, None
-    if '/fsspec/' in record.pathname or '/gcsfs/' in record.pathname:
-      return record.levelno >= logging.logging.WARNING  # a line per open
-    if '/orbax/' not in record.pathname:
-      return True
-    return (record.levelno >= logging.logging.WARNING
-            and 'did not provide metrics' not in record.getMessage())
-
-
 def main(argv: list[str]) -> None:
-  if not FLAGS.library_logs:
-    logging.get_absl_handler().addFilter(_QuietOrbax())
+  from meshfit.report.log_filter import LogFilter  # noqa: PLC0415 (no jax)
+
+  # Before anything logs: JAX's search for a TPU is its first INFO record.
+  log_filter = LogFilter(library_logs=FLAGS.library_logs or FLAGS.verbose,
+                         every_process=FLAGS.verbose)
+  logging.get_absl_handler().addFilter(log_filter)
   if len(argv) > 1:
     _fail(f'unexpected arguments {argv[1:]}; every option is a --flag')
   if (message := _paths_error() or _predict_flags_error()) is not None:
@@ -227,7 +216,7 @@ def main(argv: list[str]) -> None:
     _, num_processes = distributed.initialize(distributed.Options(
         FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id,
         FLAGS.heartbeat_timeout_seconds, FLAGS.shutdown_timeout_seconds,
-        FLAGS.initialization_timeout_seconds))
+        FLAGS.initialization_timeout_seconds), log_filter.joined)
   except UsageError as e:
     _fail(str(e))
   with distributed.exit_at_once_on_failure(num_processes):
@@ -242,6 +231,7 @@ def _run() -> None:
   from meshfit.checkpoints import workdir_lock  # noqa: PLC0415
   from meshfit.config import json_files  # noqa: PLC0415
   from meshfit.errors import UsageError  # noqa: PLC0415
+  from meshfit.report import progress  # noqa: PLC0415
   from meshfit.serve import evaluate, export, predict  # noqa: PLC0415
   from meshfit.train import loop, preemption  # noqa: PLC0415
   from meshfit.train.loss_watch import NonFiniteLossError  # noqa: PLC0415
@@ -254,7 +244,9 @@ def _run() -> None:
         raise UsageError('--step is for --mode=eval, --mode=predict and '
                          '--mode=export; training always resumes from the '
                          'newest checkpoint')
-      loop.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+      loop.train_and_evaluate(FLAGS.config, FLAGS.workdir,
+                              console=progress.Console(
+                                  progress=True, log_scalars=FLAGS.verbose))
     else:
       workdir_lock.check_workdir(FLAGS.workdir)
       saved = json_files.load_json(

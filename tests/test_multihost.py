@@ -206,17 +206,32 @@ def test_2x4_logs_the_losses_of_1x8(run_2x4, reference):
                 _scalars(reference, 'eval/rmse'))
 
 
-def test_only_process_0_writes_and_every_process_says_who_it_is(run_2x4):
+def test_only_process_0_writes_and_reports(run_2x4):
   workdir, job = run_2x4
   # Each scalar once (_scalars checks), one TensorBoard file, one config.
   _scalars(workdir, 'train/loss')
   events = [f for f in os.listdir(workdir) if 'tfevents' in f]
   assert len(events) == 1, events
   assert os.path.exists(os.path.join(workdir, 'config.json'))
+  # Process 0 reports: its lines say who speaks, its progress display gives
+  # a line per evaluation; without --verbose, nothing per log step and
+  # nothing from process 1 but warnings and errors.
+  report = job.log(0)
+  assert '[p0/2] I' in report and '[p1/2] ' not in report
+  assert 'Done: ' in report and 'train/loss=' not in report
+  assert [line.split()[1] for line in report.splitlines()
+          if line.startswith('step ')] == ['20/40', '40/40']
+  other = job.log(1)
+  assert '[p1/2] I' not in other and 'Done: ' not in other, job.tails()
+  assert not [line for line in other.splitlines() if line.startswith('step')]
+
+
+def test_verbose_processes_log_every_step_and_say_who_they_are(dead_peers):
+  job, _ = dead_peers['killed']  # run with --verbose
   for i in range(2):
     log = job.log(i)
-    assert f'[p{i}/2] ' in log and f'[p{1 - i}/2] ' not in log
-    assert 'train/loss=' in log  # process 1 logs to the console only
+    assert f'[p{i}/2] I' in log and f'[p{1 - i}/2] ' not in log
+    assert '] [20] train/' in log  # process 1's on the console only
 
 
 def test_2x4_checkpoint_evaluates_the_same_on_one_device(run_2x4):
@@ -300,7 +315,7 @@ def dead_peers(tmp_path_factory,
     workdir = str(tmp_path_factory.mktemp(f'dead_{name}') / 'run')
     jobs[name] = Job(
         str(tmp_path_factory.mktemp(f'logs_dead_{name}')), 2, 4,
-        [f'--workdir={workdir}',
+        [f'--workdir={workdir}', '--verbose',  # every process logs its steps
          f'--heartbeat_timeout_seconds={HEARTBEAT_TIMEOUT_S}',
          *_flags(data_dir, num_train_steps=1_000_000,
                  eval_every_steps=1_000_000,
@@ -432,7 +447,7 @@ def test_a_streamed_table_trains_on_2x4_as_on_1x8_and_as_resident(
       _one_process(args, devices)
     else:
       job = _run_job(tmp_path_factory, f'logs_streamed_{name}', processes,
-                     devices, args)
+                     devices, [*args, '--verbose'])  # process 1's INFO too
       assert ('streamed from the host' in job.log(1)) == (mb == 0)
   streamed = _scalars(runs['1x8'], 'train/loss')
   assert sorted(streamed) == [10, 20, 30, 40]

@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import jax
 from absl import logging
@@ -118,13 +118,18 @@ def tpu_environment_present() -> bool:
       cloud_tpu_cluster.GceTpuCluster, cloud_tpu_cluster.GkeTpuCluster))
 
 
-def initialize(options: Options) -> tuple[int, int]:
+def initialize(options: Options,
+               on_join: Callable[[int], None] | None = None
+               ) -> tuple[int, int]:
   """Joins the job, if it has several processes; call before any JAX use.
 
   Its log lines are tagged `[pI/N] ` from then on.
 
   Args:
     options: the multi-host flags.
+    on_join: called with this process's id once it has joined, before the
+      line saying so (train.py keeps the INFO lines of the processes other
+      than 0 off their consoles).
 
   Returns:
     (process_id, num_processes) of this process.
@@ -150,6 +155,8 @@ def initialize(options: Options) -> tuple[int, int]:
   process_id, num_processes = jax.process_index(), jax.process_count()
   if not options.explicit:
     tag_logs(process_id, num_processes)
+  if on_join is not None:
+    on_join(process_id)
   logging.info(
       'Joined a job of %d processes as process %d (coordinator %s). If a '
       'process dies, the others exit within --heartbeat_timeout_seconds=%d '
