@@ -276,7 +276,7 @@ def _train(config: Config, workdir: str, setup: Setup,
       if last:
         break
     watch.drain()
-    return evaluations.final(state, ckpt, workdir)
+    return evaluations.final(state, ckpt, trained=step > initial_step)
   except NonFiniteLossError as e:
     # The state of step e.step - 1 produced the bad loss: a checkpoint of it
     # is not good either. Set it aside (kept, not deleted) so that a rerun
