@@ -113,7 +113,11 @@ def _size_to_table(config: Config, splits: splits_lib.Splits) -> Config:
   data_devices, _ = sharding.mesh_shape(config.mesh.data, config.mesh.model,
                                         jax.device_count(),
                                         config.mesh.members)
-  config, line = sizing.resolve(config, splits.member_rows, data_devices)
+  eval_rows = sum(t.num_examples for t in (
+      splits.validation, splits.eval if config.eval_during_training
+      else None) if t is not None)
+  config, line = sizing.resolve(config, splits.member_rows, data_devices,
+                                eval_rows)
   if line:
     logging.info('%s', line)
   return config
