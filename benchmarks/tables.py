@@ -527,7 +527,7 @@ def run_table(table: Table, scratch: str, extra: list[str],
     refs_json = (table.refs or {}).get(seed)
     if skip_refs:
       refs = {m: {'rmse': refs_json[m], 'from': 'refs.json'}
-              for m in MODELS} if refs_json else {}
+              for m in MODELS if m in refs_json} if refs_json else {}
     else:
       refs = fit_references(train, test, table.target)
       for ref in refs.values():
