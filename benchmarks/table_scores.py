@@ -8,9 +8,10 @@ import numpy as np
 
 from bench_common import markdown_table
 
-MODELS = ('ridge', 'sklearn_mlp', 'histgbr')
+MODELS = ('ridge', 'sklearn_mlp', 'histgbr', 'catboost', 'lightgbm')
 MODEL_NAMES = {'ridge': 'ridge', 'sklearn_mlp': 'sklearn MLP',
-               'histgbr': 'HistGBR'}
+               'histgbr': 'HistGBR', 'catboost': 'CatBoost',
+               'lightgbm': 'LightGBM'}
 # The paired bootstrap of `paired_interval`: resamples and coverage.
 BOOTSTRAP_ROUNDS, BOOTSTRAP_LEVEL = 4000, 0.95
 

@@ -361,11 +361,14 @@ def run_meshfit(command: list[str], run_dir: str, timeout: float,
     # What a user would score by hand: --mode=predict's file for the test
     # inputs, the model eval used.
     test_path, output = predict
+    start = time.time()
     predicted = subprocess.run(
         [sys.executable, 'train.py', '--mode=predict',
          f'--workdir={os.path.join(run_dir, "workdir")}',
          f'--input={test_path}', f'--output={output}'], cwd=REPO, env=env,
         capture_output=True, text=True, timeout=timeout, check=False)
+    # A user's time to predictions: train, then predict, fresh processes.
+    result['predict_seconds'] = time.time() - start
     if predicted.returncode != 0:
       result.update(rmse=None, error='--mode=predict failed: '
                     f'{predicted.stderr[-300:]}')
@@ -451,6 +454,46 @@ def fit_references(train: pd.DataFrame, test: pd.DataFrame,
   results['histgbr'] = {'rmse': rmse(prediction, y_test),
                         'seconds': time.time() - start,
                         'prediction': prediction}
+  results.update(fit_boosted_trees(x, y, x_test, y_test, texts, max_levels))
+  return results
+
+
+def fit_boosted_trees(x: pd.DataFrame, y: np.ndarray, x_test: pd.DataFrame,
+                      y_test: np.ndarray, texts: list[str],
+                      max_levels: float) -> dict[str, dict]:
+  """CatBoost and LightGBM at their defaults, as the tables README fits
+  them: text columns of up to `max_levels` training levels as categories (a
+  missing one its own level for CatBoost, NaN for LightGBM), the others left
+  out; NaN numbers native. `seconds` is fit + predict, one thread per core
+  as each library sets it."""
+  import catboost  # noqa: PLC0415  (benchmark-only dependencies)
+  import lightgbm  # noqa: PLC0415
+  kept = [c for c in texts if x[c].nunique() <= max_levels]
+  dropped = [c for c in texts if c not in kept]
+  x, x_test = x.drop(columns=dropped), x_test.drop(columns=dropped)
+  results = {}
+  start = time.time()
+  as_text = {c: (lambda f, c=c: f[c].astype(object).where(
+      f[c].notna(), '<missing>').astype(str)) for c in kept}
+  model = catboost.CatBoostRegressor(random_seed=0, verbose=False)
+  model.fit(x.assign(**{c: f(x) for c, f in as_text.items()}), y,
+            cat_features=kept)
+  prediction = model.predict(
+      x_test.assign(**{c: f(x_test) for c, f in as_text.items()}))
+  results['catboost'] = {'rmse': rmse(prediction, y_test),
+                         'seconds': time.time() - start,
+                         'prediction': prediction}
+  start = time.time()
+  types = {c: pd.CategoricalDtype(sorted(x[c].dropna().astype(str).unique()))
+           for c in kept}
+  as_category = lambda f: f.assign(**{  # noqa: E731
+      c: f[c].astype(object).where(f[c].notna()).astype(str).where(
+          f[c].notna()).astype(t) for c, t in types.items()})
+  model = lightgbm.LGBMRegressor(random_state=0, verbose=-1)
+  prediction = model.fit(as_category(x), y).predict(as_category(x_test))
+  results['lightgbm'] = {'rmse': rmse(prediction, y_test),
+                         'seconds': time.time() - start,
+                         'prediction': prediction}
   return results
 
 
@@ -484,7 +527,7 @@ def run_table(table: Table, scratch: str, extra: list[str],
     refs_json = (table.refs or {}).get(seed)
     if skip_refs:
       refs = {m: {'rmse': refs_json[m], 'from': 'refs.json'}
-              for m in MODELS} if refs_json else {}
+              for m in MODELS if m in refs_json} if refs_json else {}
     else:
       refs = fit_references(train, test, table.target)
       for ref in refs.values():
@@ -523,10 +566,15 @@ def summarise(result: dict) -> dict:
       'meshfit': None if failed else float(np.mean([r['rmse'] for r in runs])),
       'failure': failed[0] if failed else None,
       'seconds': float(np.mean([r['seconds'] for r in runs])),
-      'cpu_seconds': float(np.mean([r['cpu_seconds'] for r in runs]))}
+      'cpu_seconds': float(np.mean([r['cpu_seconds'] for r in runs])),
+      'train_predict_seconds': float(np.mean([
+          r['seconds'] + r.get('predict_seconds', 0.0) for r in runs]))}
   for m in MODELS:
     have = [s[m]['rmse'] for s in splits if m in s]
     summary[m] = float(np.mean(have)) if len(have) == len(splits) else None
+    times = [s[m]['seconds'] for s in splits if 'seconds' in s.get(m, {})]
+    summary[f'{m}_seconds'] = (float(np.mean(times))
+                               if len(times) == len(splits) else None)
   return summary
 
 
@@ -557,8 +605,38 @@ def report(results: dict[str, dict]) -> str:
   geomean = (np.exp(np.mean(np.log(ratios), axis=0)) if ratios
              else [None] * len(MODELS))
   rows.append([f'geometric mean ({len(ratios)} of {len(results)} tables)',
-               '', '', '', '', '',
+               *[''] * (2 + len(MODELS)),
                *(f'{g:.2f}' if g is not None else '–' for g in geomean), ''])
+  return markdown_table(header, rows)
+
+
+TIMED = ('catboost', 'lightgbm')
+
+
+def time_report(results: dict[str, dict]) -> str:
+  """A user's wall time to predictions: meshfit's train + predict (fresh
+  processes, cold: no compilation cache, no prepared copy) against the
+  trees' fit + predict, per table and as the median ratio."""
+  header = ['table', 'rows', 'meshfit train + predict, s',
+            *(f'{MODEL_NAMES[m]} fit + predict, s' for m in TIMED),
+            *(f'meshfit/{MODEL_NAMES[m]}' for m in TIMED)]
+  rows, ratios = [], {m: [] for m in TIMED}
+  for name, result in results.items():
+    s = summarise(result)
+    mine = s['train_predict_seconds']
+    theirs = [s[f'{m}_seconds'] for m in TIMED]
+    for m, t in zip(TIMED, theirs):
+      if t:
+        ratios[m].append(mine / t)
+    rows.append([name, f'{s["rows_train"]:.0f}', f'{mine:.1f}',
+                 *(f'{t:.2f}' if t else '–' for t in theirs),
+                 *(f'{mine / t:.1f}' if t else '–' for t in theirs)])
+  median = np.median([summarise(r)['train_predict_seconds']
+                      for r in results.values()])
+  rows.append([f'median ({len(results)} tables)', '', f'{median:.1f}',
+               *[''] * len(TIMED),
+               *(f'{np.median(ratios[m]):.1f}' if ratios[m] else '–'
+                 for m in TIMED)])
   return markdown_table(header, rows)
 
 
@@ -644,6 +722,9 @@ def main(argv: list[str]) -> None:
   print()
   print(report(results))
   print()
+  if not FLAGS.skip_refs:
+    print(time_report(results))
+    print()
   intervals = interval_report(results)
   if intervals:
     print(f'Splits where meshfit is better / cannot be told apart / is worse '

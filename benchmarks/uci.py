@@ -31,7 +31,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import tempfile
 import time
 

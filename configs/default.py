@@ -150,6 +150,10 @@ def get_config() -> ml_collections.ConfigDict:
   # least 25 in the run.
   config.log_every_steps = 100
   config.eval_every_steps = 1000
+  # Score the eval split at every evaluation (eval/* in metrics.jsonl), or
+  # only the final model's at the end: with validation it selects nothing,
+  # and on a small table scoring it each time was much of the run.
+  config.eval_during_training = True
   # A checkpoint at every multiple of this step (0: none by step count).
   # Every one asked for is written (in the background on one host).
   config.checkpoint_every_steps = 0

@@ -115,7 +115,8 @@ def _tables_data_dir(root) -> str:
   a, b = rng.normal(size=(2, 80))
   line = pd.DataFrame({'a': a, 'b': b,
                        'y': 3 * a - 2 * b + 0.1 * rng.normal(size=80)})
-  refs = {'ridge': 0.5, 'sklearn_mlp': 1.0, 'histgbr': 2.0}
+  refs = {'ridge': 0.5, 'sklearn_mlp': 1.0, 'histgbr': 2.0, 'catboost': 0.25,
+          'lightgbm': 4.0}
   for name in ('line', 'twice'):
     os.makedirs(root / name / '0')
   line[:60].to_csv(root / 'line' / '0' / 'train.csv', index=False)
@@ -145,17 +146,20 @@ def test_tables_benchmark_reports_meshfit_beside_refs_and_refusals(tmp_path):
   rows = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
           for line in result.stdout.splitlines() if line.startswith('| ')}
 
-  # table, rows, meshfit RMSE, ridge, MLP, HistGBR, 3 ratios, time.
+  # table, rows, meshfit RMSE, ridge, MLP, HistGBR, CatBoost, LightGBM,
+  # 5 ratios, time.
   line = rows['line']
-  assert line[0] == '60' and line[2:5] == ['0.5000', '1.000', '2.000']
+  assert line[0] == '60' and line[2:7] == ['0.5000', '1.000', '2.000',
+                                           '0.2500', '4.000']
   rmse = float(line[1])
   assert 0 < rmse < 0.5 * 3.6  # well under the test target's spread
-  assert [float(r) for r in line[5:8]] == pytest.approx(
-      [rmse / 0.5, rmse / 1.0, rmse / 2.0], abs=0.006)
+  assert [float(r) for r in line[7:12]] == pytest.approx(
+      [rmse / 0.5, rmse / 1.0, rmse / 2.0, rmse / 0.25, rmse / 4.0],
+      abs=0.006)
   assert rows['twice'][1].startswith('exit 2: ')
   assert "column 'a' twice" in rows['twice'][1]
-  assert rows['twice'][5:8] == ['–', '–', '–']
-  assert rows['geometric mean (1 of 2 tables)'][5:8] == line[5:8]
+  assert rows['twice'][7:12] == ['–'] * 5
+  assert rows['geometric mean (1 of 2 tables)'][7:12] == line[7:12]
 
   saved = json.loads(output.read_text())
   run = saved['tables']['line']['splits']['0']['meshfit']

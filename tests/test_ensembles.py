@@ -242,7 +242,9 @@ def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
   in_fold = np.where((fold == 1)[:, None], own[0], own[1])
   logged = _records(workdir, 'val/loss')[40]
   assert logged == pytest.approx(np.mean((out_of_fold - z)**2), rel=1e-4)
-  assert np.mean((in_fold - z)**2) < logged  # what a leak would report
+  # What a leak would report is told apart from it (after 40 steps on 100k
+  # rows the members have not overfitted: it need not be lower).
+  assert np.mean((in_fold - z)**2) != pytest.approx(logged, rel=1e-4)
   rmse = _records(workdir, 'val/rmse')[40]
   assert rmse == pytest.approx(np.sqrt(logged) * float(stats.y_std_T[0]),
                                rel=1e-4)

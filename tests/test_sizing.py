@@ -100,3 +100,18 @@ def test_a_sized_run_saves_what_it_resolved_and_resumes(small_config,
   # nothing left to train) instead of refusing a changed config.
   again = loop.train_and_evaluate(config, workdir)
   assert again['step'] == 100 and again['rmse'] == pytest.approx(final['rmse'])
+
+
+def test_evaluations_never_cost_more_than_training(small_config):
+  config = _parsed(small_config, batch_size=0, num_train_steps=50,
+                   eval_every_steps=0, log_every_steps=0)
+  # 10M rows, 99k of them validated, batches of 1024: evaluating every 2
+  # steps (25 times in 50 steps) read 40x the rows trained on; now at step
+  # 33 and at the end.
+  sized, _ = sizing.resolve(config, 9_900_000, eval_rows=99_000)
+  assert sized.eval_every_steps == 33 and sized.log_every_steps == 2
+  # A small table's evaluation is cheap: still once an epoch.
+  config = _parsed(small_config, batch_size=0, num_train_steps=0,
+                   eval_every_steps=0, log_every_steps=0)
+  sized, _ = sizing.resolve(config, 790, eval_rows=988)
+  assert sized.eval_every_steps == sized.log_every_steps == 13

@@ -30,7 +30,7 @@ EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
 RESUME_SAFE_KEYS = EVAL_KEYS + (
     'dataset.train_path', 'num_train_steps', 'train_epochs',
     'log_every_steps',
-    'eval_every_steps', 'checkpoint_every_steps', 'checkpoint_every_seconds',
+    'eval_every_steps', 'eval_during_training', 'checkpoint_every_steps', 'checkpoint_every_seconds',
     'max_checkpoints_to_keep', 'steps_per_call',
     'dataset.resident_table_mb', 'profile_start_step', 'profile_num_steps')
 

@@ -112,6 +112,9 @@ def _check_top(config: Config) -> None:
            "or '' to turn the cache off")
   _require(isinstance(config.plots, bool),
            f'plots={config.plots!r} must be True or False')
+  _require(isinstance(config.eval_during_training, bool),
+           f'eval_during_training={config.eval_during_training!r} must be '
+           'True or False')
 
 
 def _check_dataset(dataset: DatasetConfig) -> None:

@@ -86,6 +86,7 @@ class Config:
   mesh: MeshConfig
   compilation_cache_dir: str
   plots: bool
+  eval_during_training: bool
   profile_start_step: int
   profile_num_steps: int
 

@@ -127,16 +127,30 @@ class Evaluations:
             'val/loss_all_members': self.choice.all_loss,
             'val/members_chosen': float(len(self.choice.chosen()))})
       improved = self.tracker.update(step, self.choice.loss)
-    result = self._evaluate(state, self._splits.eval)
-    self._last = (step, result)
-    scalars = {**_eval_scalars('eval', result), **scalars}
+    if self._config.eval_during_training or self._splits.validation is None:
+      result = self._evaluate(state, self._splits.eval)
+      self._last = (step, result)
+      scalars = {**_eval_scalars('eval', result), **scalars}
     self._writer.write_scalars(step, scalars)
     self._writer.flush()
     return state, (self.tracker.best_loss if improved else None)
 
   def final(self, state: state_lib.TrainState,
-            ckpt: checkpointer.Checkpointer, workdir: str) -> dict:
-    """The evaluation of the model eval and predict use, with its step."""
+            ckpt: checkpointer.Checkpointer, trained: bool) -> dict:
+    """The evaluation of the model eval and predict use, with its step.
+
+    Without `eval_during_training` the eval split is scored here only, and
+    (when this process trained) its scalars are logged at the last step.
+    """
+    result = self._final(state, ckpt)
+    if trained and not (self._config.eval_during_training
+                        or self._splits.validation is None):
+      self._writer.write_scalars(int(jax.device_get(state.step)),
+                                 _eval_scalars('eval', result))
+    return result
+
+  def _final(self, state: state_lib.TrainState,
+             ckpt: checkpointer.Checkpointer) -> dict:
     step = int(jax.device_get(state.step))
     if self._splits.validation is None or not self.tracker.best_step:
       result = (self._last[1] if self._last and self._last[0] == step else

@@ -116,7 +116,11 @@ def _size_to_table(config: Config, splits: splits_lib.Splits) -> Config:
   data_devices, _ = sharding.mesh_shape(config.mesh.data, config.mesh.model,
                                         jax.device_count(),
                                         config.mesh.members)
-  config, line = sizing.resolve(config, splits.member_rows, data_devices)
+  eval_rows = sum(t.num_examples for t in (
+      splits.validation, splits.eval if config.eval_during_training
+      else None) if t is not None)
+  config, line = sizing.resolve(config, splits.member_rows, data_devices,
+                                eval_rows)
   if line:
     logging.info('%s', line)
   return config
@@ -284,7 +288,7 @@ def _train(config: Config, workdir: str, setup: Setup,
       if last:
         break
     watch.drain()
-    return evaluations.final(state, ckpt, workdir)
+    return evaluations.final(state, ckpt, trained=step > initial_step)
   except NonFiniteLossError as e:
     # The state of step e.step - 1 produced the bad loss: a checkpoint of it
     # is not good either. Set it aside (kept, not deleted) so that a rerun
