@@ -8,13 +8,11 @@ logs, evaluates (`evaluations`, which validates: `validation`), checkpoints
 """
 
 import functools
-import time
 from collections.abc import Callable
 
 import jax
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
 
 import storage
@@ -27,12 +25,12 @@ from meshfit.config import Config
 from meshfit.data import feeding, splits as splits_lib
 from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.errors import UsageError
-from meshfit.model import metrics, optim, ridge_fit, state as state_lib, steps
+from meshfit.model import optim, ridge_fit, state as state_lib, steps
 from meshfit.model.setup import Setup, make_setup
 from meshfit.parallel import compilation_cache, sharding
 from meshfit.report import plots, progress, writers
 from meshfit.train import (call_plan, checkpoint_policy,
-                           evaluations as evaluations_lib)
+                           evaluations as evaluations_lib, train_log)
 from meshfit.train.loss_watch import LossWatch, NonFiniteLossError
 from meshfit.train.preemption import Preempted, PreemptionWatch
 from meshfit.train.profiling import ProfileWindow
@@ -247,7 +245,7 @@ def _train(config: Config, workdir: str, setup: Setup,
     raise
   table_z = ({} if not feed.resident else steps.jit_encode(
       setup.mesh, setup.arch.layout)(state.stats, feed.device_table()))
-  speed = _StepsPerSecond(initial_step)
+  speed = train_log.StepsPerSecond(initial_step)
   try:
     if preemption.received:
       raise Preempted(initial_step)
@@ -264,7 +262,8 @@ def _train(config: Config, workdir: str, setup: Setup,
       last = step == last_step
       if step % config.log_every_steps == 0 or last:
         watch.once_checked(functools.partial(
-            _log_train, writer, speed, train_metrics, schedule, step))
+            train_log.log_train, writer, speed, train_metrics, schedule,
+            step))
       if step % config.eval_every_steps == 0 or last:
         watch.drain()  # train and eval steps share the in-flight bound
         state, val_loss = evaluations.at(step, state)
@@ -344,49 +343,6 @@ def _plan(config: Config, setup: Setup, splits: splits_lib.Splits,
                dict(setup.mesh.shape), max_steps_per_call,
                'gathered on device' if resident else 'streamed from the host')
   return feed, calls
-
-
-def _log_train(writer: writers.AsyncWriter, speed: '_StepsPerSecond',
-               train_metrics: metrics.TrainMetrics,
-               schedule: optax.Schedule | None, step: int) -> None:
-  """Queues the train scalars of `step` (its call's losses are checked)."""
-  rate = speed(step)  # measured now that the call is known to be done
-  writer.write_scalars(step, functools.partial(
-      _train_scalars, train_metrics, schedule, step, rate))
-
-
-def _train_scalars(train_metrics: metrics.TrainMetrics,
-                   schedule: optax.Schedule | None, step: int,
-                   steps_per_sec: float) -> dict[str, float]:
-  """The train scalars logged at `step` (from its call's metrics copy)."""
-  summary = jax.device_get(train_metrics).compute()
-  scalars = {'train/loss': summary['loss'],
-             'train/grad_norm': summary['grad_norm'],
-             'train/steps_per_sec': steps_per_sec}
-  if schedule is not None:
-    scalars['train/learning_rate'] = schedule(step - 1)
-  return scalars
-
-
-class _StepsPerSecond:
-  """Training speed over a logging window; evaluations are left out.
-
-  Read when a call's losses have been checked, so the window's time is that
-  of finished calls, not of dispatches (which run ahead of the device).
-  """
-
-  def __init__(self, step: int):
-    self._step, self._time = step, time.perf_counter()
-
-  def pause(self) -> None:
-    """Restarts the clock: what happened since the last step is not training."""
-    self._time = time.perf_counter()
-
-  def __call__(self, step: int) -> float:
-    now = time.perf_counter()
-    rate = (step - self._step) / max(now - self._time, 1e-9)
-    self._step, self._time = step, now
-    return rate
 
 
 def _close_run(config: Config, workdir: str, final: dict,
