@@ -39,7 +39,8 @@ class Splits:
     train: every row of the training split: in memory (`Table`), or, when
       larger than `dataset.resident_table_mb`, prepared on disk (`Store`)
       and read block by block.
-    eval: the evaluation split.
+    eval: the evaluation split; None for a user's table without an eval
+      file (the validation rows' metrics estimate the model's error then).
     validation: rows held out of the training split to pick the best step,
       or None without validation.
     train_key: names the training data's content; every checkpoint records
@@ -54,7 +55,7 @@ class Splits:
     validation_fold_N: with folds, each validation row's fold.
   """
   train: Table | Store
-  eval: Table
+  eval: Table | None
   validation: Table | None = None
   train_key: str = ''
   train_blocks: Blocks | None = None
@@ -103,7 +104,8 @@ def _prepare(dataset: DatasetConfig) -> str:
                          for p in dataset.train_path.split(',') if p.strip())
     # Every process prepares its share of the training files.
     return csv_regression.prepare(
-        train_path, expand(dataset.eval_path, 'dataset.eval_path'),
+        train_path, dataset.eval_path and expand(dataset.eval_path,
+                                                 'dataset.eval_path'),
         dataset.target_columns, dataset.feature_columns,
         dataset.categorical_columns, data_dir,
         process_index=jax.process_index(),
@@ -147,7 +149,8 @@ def load_splits(dataset: DatasetConfig, seed: int) -> Splits:
     train = csv_regression.open_split(directory, dataset.train_split)
     if train.nbytes <= dataset.resident_table_mb * 2**20:
       train = csv_regression.read_split(directory, dataset.train_split)
-    evaluation = csv_regression.read_split(directory, dataset.eval_split)
+    evaluation = (csv_regression.read_split(directory, dataset.eval_split)
+                  if has_eval_split(dataset) else None)
     key = csv_regression.manifest(directory)['train_key']
   else:
     train = tables.read_split(directory, dataset.train_split)
@@ -236,6 +239,12 @@ def training_sample(splits: Splits, max_rows: int = STATS_ROWS) -> Table:
   return rows_of(splits.train, blocks.take(np.arange(0, len(blocks), every)))
 
 
+def has_eval_split(dataset: DatasetConfig) -> bool:
+  """Whether `dataset` has rows to evaluate on: a user's table without an
+  eval file has none (its validation rows estimate the error instead)."""
+  return dataset.name != csv_regression.NAME or bool(dataset.eval_path)
+
+
 def load_eval_split(dataset: DatasetConfig,
                     plan: ColumnPlan | None = None) -> Table:
   """The evaluation split, encoded with a trained model's column plan.
@@ -246,6 +255,9 @@ def load_eval_split(dataset: DatasetConfig,
   """
   if dataset.name != csv_regression.NAME:
     return tables.read_split(_prepared_dir(dataset), dataset.eval_split)
+  if not has_eval_split(dataset):
+    raise DataError('the run has no eval file (dataset.eval_path is empty); '
+                    'give one with --config.dataset.eval_path=FILE')
   path = expand(dataset.eval_path, 'dataset.eval_path')
   frame = table_files.read_frame(path, 'dataset.eval_path')
   x_NxF, unseen = plan.encode(frame, path, 'dataset.eval_path')
