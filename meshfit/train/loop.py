@@ -75,6 +75,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
   compilation_cache.configure(config.compilation_cache_dir)
   if splits is None:
     splits = splits_lib.load_splits(config.dataset, config.seed)
+  config = splits_lib.with_validation(config, splits)  # before it is saved
   config = _size_to_table(config, splits)
   train = splits.train
   layout = InputLayout.of(train.plan.input_categories, train.missing_I,
