@@ -1,9 +1,10 @@
 """The pictures a run leaves in its workdir, drawn with matplotlib (Agg).
 
 `loss_curve.png` (end of training): train/loss (and val/loss) and eval/rmse
-(val/rmse for a run without an eval file) against step. `eval/step_<N>_predictions.png` (--mode=eval): predicted
-against actual, and residuals against predicted, one row of panels per
-target; for a model that predicts a distribution,
+(val/rmse for a run without an eval file) against step.
+`eval/step_<N>_predictions.png` (--mode=eval): predicted against actual,
+and residuals against predicted, one row of panels per target; for a model
+that predicts a distribution,
 `eval/step_<N>_calibration.png`: observed against nominal coverage of its
 central intervals. Each shows what predicting the training mean would score: an RMSE
 means something only beside it.
