@@ -9,7 +9,8 @@ file with it, a chunk of CHUNK_ROWS rows at a time (pyarrow's Parquet
 reader, pandas' chunked CSV reader), and keeps the result in
 `<data_dir>/csv_regression/<key>/`: one part per file of float32 rows
 (input_pipeline/store.py), `train-NNNNN.f32` for the training files in
-order and `test-00000.f32` for the evaluation file, each with a
+order and `test-00000.f32` for the evaluation file (none without one: a
+run then estimates its error on its validation rows), each with a
 `<part>.json` of its counts, and `manifest.json`, written last (the plan,
 the parts, the row counts, the training data's content key). The key is a
 sha256 of every file's digest (input_pipeline/file_keys.py) and the
@@ -72,7 +73,7 @@ def prepared_dir(data_dir: str, key: str) -> str:
   return storage.join(data_dir, NAME, key)
 
 
-def prepare(train_path: str | Sequence[str], eval_path: str,
+def prepare(train_path: str | Sequence[str], eval_path: str | None,
             target_columns: Sequence[str], feature_columns: Sequence[str],
             categorical_columns: Sequence[str], data_dir: str, *,
             process_index: int = 0, process_count: int = 1,
@@ -86,7 +87,8 @@ def prepare(train_path: str | Sequence[str], eval_path: str,
   Args:
     train_path: CSV or Parquet training file(s) with a header row: a path,
       a glob, or a sequence of them.
-    eval_path: CSV or Parquet evaluation file with the same columns.
+    eval_path: CSV or Parquet evaluation file with the same columns; ''
+      or None: none (the prepared dataset has no test part).
     target_columns: one or more columns to predict.
     feature_columns: input columns; () means every other usable column.
     categorical_columns: columns to treat as categories whatever they hold.
@@ -106,10 +108,12 @@ def prepare(train_path: str | Sequence[str], eval_path: str,
   """
   sources = ('dataset.train_path', 'dataset.eval_path')
   files = file_keys.train_files(train_path)
-  digests = file_keys.digests([*files, eval_path],
-                     [sources[0]] * len(files) + [sources[1]],
+  evals = [eval_path] if eval_path else []
+  digests = file_keys.digests([*files, *evals],
+                     [sources[0]] * len(files) + [sources[1]] * len(evals),
                      process_index, process_count, gather)
-  digests, eval_digest = digests[:-1], digests[-1]
+  # No eval file keys as an empty digest: never a file's 32 bytes.
+  digests, eval_digest = digests[:len(files)], b''.join(digests[len(files):])
   directory = prepared_dir(data_dir, file_keys.content_key(
       digests, eval_digest, target_columns, feature_columns,
       categorical_columns))
@@ -140,18 +144,20 @@ def _remove(directory: str) -> None:
       os.rmdir(os.path.dirname(directory))
 
 
-def _prepare(directory: str, files: Sequence[str], eval_path: str,
+def _prepare(directory: str, files: Sequence[str], eval_path: str | None,
              digests: Sequence[bytes], selection: tuple[Sequence[str], ...],
              process_index: int, process_count: int, wait: Barrier) -> None:
   """`prepare`'s work, its share of it for this process."""
   sources = ('dataset.train_path', 'dataset.eval_path')
   storage.makedirs(directory)
-  parts = [(f'train-{i:05d}', path, sources[0]) for i, path in
-           enumerate(files)] + [('test-00000', eval_path, sources[1])]
-  mine = [p for i, p in enumerate(parts[:-1])
+  train_parts = [(f'train-{i:05d}', path, sources[0]) for i, path in
+                 enumerate(files)]
+  eval_parts = [('test-00000', eval_path, sources[1])] if eval_path else []
+  parts = train_parts + eval_parts
+  mine = [p for i, p in enumerate(train_parts)
           if i % process_count == process_index]
   if process_index == 0:
-    mine.append(parts[-1])
+    mine += eval_parts
 
   def step(name: str, work: Callable[[], None]) -> None:
     # A DataError is raised after the barrier: the others would wait there.
@@ -270,7 +276,7 @@ def _encode_part(directory: str, plan: ColumnPlan, part: str, path: str,
 def _write_manifest(directory: str, plan: ColumnPlan,
                     parts: Sequence[tuple[str, str, str]],
                     digests: Sequence[bytes], files: Sequence[str],
-                    eval_path: str) -> None:
+                    eval_path: str | None) -> None:
   info = {}
   for part, _, _ in parts:
     with storage.open(storage.join(directory, f'{part}.json')) as f:
@@ -290,11 +296,13 @@ def _write_manifest(directory: str, plan: ColumnPlan,
                         axis=0).tolist(),
       'train_key': file_keys.file_key(digests),
       'train_path': [storage.absolute(f) for f in files],
-      'eval_path': storage.absolute(eval_path)}
-  logging.info('csv_regression: %s; %d train and %d test rows of %s and %s '
-               'prepared into %s.', plan.describe(), manifest_['rows']['train'],
-               manifest_['rows']['test'], ', '.join(files), eval_path,
-               directory)
+      'eval_path': storage.absolute(eval_path) if eval_path else None}
+  rows = manifest_['rows']
+  logging.info('csv_regression: %s; %s prepared into %s.', plan.describe(),
+               f'{rows["train"]} train and {rows["test"]} test rows of '
+               f'{", ".join(files)} and {eval_path}' if eval_path else
+               f'{rows["train"]} train rows of {", ".join(files)} (no eval '
+               'file)', directory)
   _write_json(storage.join(directory, MANIFEST), manifest_)
 
 
@@ -326,6 +334,10 @@ def open_split(directory: str, split: str) -> Store:
                     f'{" and ".join(SPLITS)} (the training and evaluation '
                     'files)')
   info = manifest(directory)
+  if split == 'test' and info.get('eval_path', '') is None:
+    raise DataError(f'the dataset prepared in {directory!r} has no eval file '
+                    '(dataset.eval_path was empty); give one with '
+                    '--config.dataset.eval_path=FILE')
   try:
     return Store(directory, [Part.from_json(p) for p in info['parts'][split]],
                  ColumnPlan.from_json(info['plan']),

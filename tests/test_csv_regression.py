@@ -172,7 +172,6 @@ def test_missing_file_is_named(tmp_path, files):
 
 @pytest.mark.parametrize('key,value,message', [
     ('train_path', '', 'dataset.train_path is empty'),
-    ('eval_path', '', 'dataset.eval_path is empty'),
     ('target_columns', (), 'dataset.target_columns is empty'),
     ('feature_columns', ('a', 'y'), "column 'y' is both a target"),
     ('target_columns', ('y', 'y'), "names column 'y' twice"),
@@ -184,6 +183,22 @@ def test_validate_checks_the_csv_keys(key, value, message):
   config.dataset.target_columns = ('y',)
   config.dataset[key] = value
   with pytest.raises(UsageError, match=message):
+    config_lib.parse(config)
+
+
+def test_without_an_eval_file_validation_rows_are_needed():
+  config = csv_config.get_config()
+  config.dataset.train_path = 'train.csv'
+  config.dataset.target_columns = ('y',)
+  assert config.dataset.eval_path == ''
+  config_lib.parse(config)  # its folds estimate the error
+  config.dataset.validation_folds = 0
+  config.dataset.validation_fraction = 0.2
+  config_lib.parse(config)  # so do its held-out rows
+  config.dataset.validation_fraction = 0.0
+  with pytest.raises(UsageError, match=(
+      'dataset.eval_path is empty and the run validates on no rows.*'
+      'dataset.validation_folds=5')):
     config_lib.parse(config)
 
 

@@ -99,6 +99,24 @@ def test_a_bad_cell_in_a_later_chunk_names_its_row(table, monkeypatch):
   assert not os.path.exists(table / 'd' / 'csv_regression')
 
 
+def test_without_an_eval_file_the_copy_has_no_test_part(table, monkeypatch):
+  with_eval = _prepare(str(table / 'all.csv'), str(table / 'eval.csv'),
+                       str(table / 'd'))
+  alone = _prepare(str(table / 'all.csv'), '', str(table / 'd'))
+  assert alone != with_eval  # keyed on the files: another copy
+  manifest = csv_regression.manifest(alone)
+  assert manifest['parts']['test'] == [] and manifest['rows']['test'] == 0
+  assert manifest['eval_path'] is None
+  assert not any(n.startswith('test') for n in os.listdir(alone))
+  np.testing.assert_array_equal(
+      csv_regression.read_split(alone, 'train').x_NxF,
+      csv_regression.read_split(with_eval, 'train').x_NxF)
+  with pytest.raises(DataError, match='has no eval file'):
+    csv_regression.open_split(alone, 'test')
+  monkeypatch.setattr(csv_regression, '_prepare', None)  # found, not made
+  assert _prepare(str(table / 'all.csv'), None, str(table / 'd')) == alone
+
+
 def test_a_changed_file_is_another_dataset(table):
   first = _prepare(str(table / 'all.csv'), str(table / 'eval.csv'),
                    str(table / 'd'))

@@ -152,7 +152,7 @@ def test_members_take_the_fit_of_the_rows_they_train_on():
   np.testing.assert_array_equal(
       jax.device_get(weighed.params[mlp.FITTED]['weight']),
       np.full((6, 1), 0.25, np.float32))
-  assert inference.ridge_weights(weighed, table) == {'y': 0.25}
+  assert inference.ridge_weights(weighed, table.target_names) == {'y': 0.25}
 
 
 def test_a_table_without_numbers_fits_its_categories():

@@ -1,12 +1,16 @@
 """meshfit.validation and the held-out rows: the best step, when to stop."""
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
+from cli_helpers import regression_frame
+from configs import csv as csv_config
 from input_pipeline import order, tables
 from input_pipeline.errors import DataError
+from meshfit import config as config_lib
 from meshfit.data import splits as splits_lib
 from meshfit.train.validation import BestTracker
 
@@ -113,3 +117,44 @@ def test_folds_need_the_table_in_memory(tmp_path):
                      'validation_fraction=0.01'):
     splits_lib.cross_fit(splits_lib.Splits(OnDisk(), None), 5, seed=0,
                    resident_table_mb=1024)
+
+
+@pytest.mark.parametrize('rows,fraction', [
+    (300, 0.2), (327_680, 0.2), (1_000_000, 0.066), (10_000_000, 0.0066),
+    (10**9, 0.000066)])
+def test_a_streamed_table_holds_out_about_2_16_rows_at_most_a_fifth(
+    rows, fraction):
+  got = splits_lib.streamed_fraction(rows)
+  assert got == pytest.approx(fraction)
+  assert min(splits_lib.VALIDATION_ROWS, 0.2 * rows) <= got * rows <= (
+      1.02 * splits_lib.VALIDATION_ROWS if got < 0.2 else 0.2 * rows)
+
+
+def test_a_table_too_large_to_cross_fit_holds_out_a_fraction_instead(
+    tmp_path, absl_caplog):
+  regression_frame(300, 0).to_csv(tmp_path / 'train.csv', index=False)
+  raw = csv_config.get_config()
+  raw.dataset.update(train_path=str(tmp_path / 'train.csv'),
+                     target_columns=('y',), data_dir=str(tmp_path / 'tfds'))
+  config = config_lib.parse(raw)
+  assert config.dataset.validation_folds == 5
+  in_memory = splits_lib.load_splits(config.dataset, seed=0)
+  assert len(in_memory.folds) == 5 and in_memory.eval is None
+  assert splits_lib.with_validation(config, in_memory) is config
+  assert 'streamed from disk' not in absl_caplog.text
+
+  streamed = dataclasses.replace(config, dataset=dataclasses.replace(
+      config.dataset, resident_table_mb=0))
+  splits = splits_lib.load_splits(streamed.dataset, seed=0)
+  assert not splits.folds and splits.held_out_fraction == 0.2
+  assert splits.validation.num_examples == 60 and splits.member_rows == 240
+  [line] = [r.getMessage() for r in absl_caplog.records
+            if 'streamed from disk' in r.getMessage()]
+  assert 'validating on dataset.validation_fraction=0.2' in line, line
+  resolved = splits_lib.with_validation(streamed, splits)
+  assert resolved.dataset.validation_folds == 0
+  assert resolved.dataset.validation_fraction == 0.2
+  config_lib.parse(resolved.to_dict())  # what config.json holds is valid
+  # A resumed run, given the resolved config, holds out the same rows.
+  again = splits_lib.load_splits(resolved.dataset, seed=0)
+  np.testing.assert_array_equal(again.blocks.rows(), splits.blocks.rows())

@@ -1,6 +1,6 @@
 """A saved model opened: what a checkpoint's model reads (its column plan
-and input layout) and its state restored onto a set-up, for eval, predict
-and export (`SavedModel`)."""
+and input layout), the estimate of its error it recorded, and its state
+restored onto a set-up, for eval, predict and export (`SavedModel`)."""
 
 import dataclasses
 
@@ -20,12 +20,39 @@ from meshfit.model.setup import Setup, make_setup
 # input layout in its meta (meshfit before it stored feature names only), 3
 # a member axis in its state.
 META_FORMAT = 3
+# `split` of a recorded estimate: every training row predicted out of fold
+# (cross-fitting), or the held-out rows' (a validation fraction).
+OUT_OF_FOLD, HELD_OUT = 'out_of_fold', 'held_out'
 
 
 def model_meta(plan: ColumnPlan, layout: InputLayout) -> dict:
   """What a checkpoint's meta records of its model's inputs."""
   return {'format': META_FORMAT, 'column_plan': plan.to_json(),
           'layout': dataclasses.asdict(layout)}
+
+
+def estimate(step: int, result: dict, folds: int) -> dict:
+  """What a checkpoint records of the validation metrics `result` of its
+  step: the estimate of its error where there is no eval file, marked as
+  such (`split`, `note`) wherever it is shown."""
+  n = result['num_examples']
+  if folds > 1:
+    split, note = OUT_OF_FOLD, (
+        f'estimated out of fold, not on an eval file: each of the {n} '
+        'training rows predicted by the members that did not train on it')
+  else:
+    split, note = HELD_OUT, (
+        f'estimated on the {n} training rows held out of training '
+        '(dataset.validation_fraction), not on an eval file')
+  return {'step': step, 'split': split, 'note': note, **result}
+
+
+def recorded_estimate(meta: dict, step: int) -> dict | None:
+  """The estimate checkpoint `step` recorded of its own state (`estimate`),
+  or None: a checkpoint records the latest validation, which is of its own
+  step only where that step was evaluated (the best, the last)."""
+  recorded = meta.get('estimate')
+  return recorded if recorded and recorded.get('step') == step else None
 
 
 def read_model(meta: dict, step: int, directory: str
@@ -96,6 +123,8 @@ class SavedModel:
     step: the checkpoint's step.
     plan: the column plan its model was trained with.
     layout: its model's inputs.
+    estimate: the estimate of its error on validation rows it recorded
+      (`estimate`), or None.
   """
 
   def __init__(self, workdir: str, step: int | None = None):
@@ -108,9 +137,10 @@ class SavedModel:
     self._ckpt = checkpointer.Checkpointer(workdir, read_only=True)
     try:
       self.step = self._ckpt.step_to_restore(step)
-      self.plan, self.layout = read_model(
-          restore_meta(self._ckpt, self.step), self.step,
-          self._ckpt.directory)
+      meta = restore_meta(self._ckpt, self.step)
+      self.plan, self.layout = read_model(meta, self.step,
+                                          self._ckpt.directory)
+      self.estimate = recorded_estimate(meta, self.step)
     except BaseException:
       self._ckpt.close()
       raise

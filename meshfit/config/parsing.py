@@ -148,12 +148,24 @@ def _check_dataset(dataset: DatasetConfig) -> None:
     _check_path(f'dataset.{key}', getattr(dataset, key))
   if dataset.name != csv_regression.NAME:
     return
-  for key in ('train_path', 'eval_path'):
-    value = getattr(dataset, key)
-    _require(isinstance(value, str) and value,
-             f'dataset.{key} is empty; csv_regression needs the path of a CSV '
-             f'or Parquet file with a header row, e.g. '
-             f'--config.dataset.{key}=data/{key.split("_")[0]}.csv')
+  _require(isinstance(dataset.train_path, str) and dataset.train_path,
+           'dataset.train_path is empty; csv_regression needs the path of a '
+           'CSV or Parquet file with a header row, e.g. '
+           '--config.dataset.train_path=data/train.csv')
+  _require(isinstance(dataset.eval_path, str),
+           f'dataset.eval_path={dataset.eval_path!r} must be the path of a '
+           "CSV or Parquet file, or '' to estimate the error on validation "
+           'rows')
+  # Without an eval file the validation rows' metrics are the estimate of
+  # the model's error: a run with neither would report nothing.
+  _require(dataset.eval_path or dataset.validation_folds
+           or dataset.validation_fraction > 0,
+           'dataset.eval_path is empty and the run validates on no rows '
+           '(dataset.validation_folds=0, dataset.validation_fraction=0), so '
+           "nothing would estimate the model's error; set "
+           'dataset.validation_folds=5 (or dataset.validation_fraction=0.2) '
+           'to estimate it on the training rows, or give an eval file: '
+           '--config.dataset.eval_path=data/test.csv')
   for key in ('target_columns', 'feature_columns', 'categorical_columns'):
     value = getattr(dataset, key)
     _require(isinstance(value, tuple),

@@ -15,7 +15,7 @@ from input_pipeline.order import Blocks, fold_blocks, hold_out_blocks
 from input_pipeline.paths import expand, named
 from input_pipeline.store import Store
 from input_pipeline.tables import Table
-from meshfit.config import DatasetConfig
+from meshfit.config import Config, DatasetConfig
 
 # Mixed into the seed of the validation split, so that it is drawn apart
 # from the epochs' orders (which use the seed itself).
@@ -29,6 +29,12 @@ STATS_ROWS = 1 << 18
 # consecutive rows. Checkpoints record it: a run whose folds were dealt
 # otherwise (meshfit before it dealt rows) does not resume on these.
 FOLD_ROWS = 1
+# A table too large to cross-fit (streamed from disk) validates on about
+# this many held-out rows instead, at most MAX_FRACTION of it: enough that
+# the best step's loss is not noise (its standard error ~0.5%), few enough
+# to evaluate every epoch and hold in memory beside the streamed table.
+VALIDATION_ROWS = 1 << 16
+MAX_FRACTION = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +45,8 @@ class Splits:
     train: every row of the training split: in memory (`Table`), or, when
       larger than `dataset.resident_table_mb`, prepared on disk (`Store`)
       and read block by block.
-    eval: the evaluation split.
+    eval: the evaluation split; None for a user's table without an eval
+      file (the validation rows' metrics estimate the model's error then).
     validation: rows held out of the training split to pick the best step,
       or None without validation.
     train_key: names the training data's content; every checkpoint records
@@ -52,14 +59,17 @@ class Splits:
       `validation_fold_N` the fold of each of its rows and `train_blocks`
       every row.
     validation_fold_N: with folds, each validation row's fold.
+    held_out_fraction: the fraction of `train` held out for validation (0:
+      none, or folds).
   """
   train: Table | Store
-  eval: Table
+  eval: Table | None
   validation: Table | None = None
   train_key: str = ''
   train_blocks: Blocks | None = None
   folds: tuple[Blocks, ...] = ()
   validation_fold_N: np.ndarray | None = None
+  held_out_fraction: float = 0.0
 
   @property
   def blocks(self) -> Blocks:
@@ -103,7 +113,8 @@ def _prepare(dataset: DatasetConfig) -> str:
                          for p in dataset.train_path.split(',') if p.strip())
     # Every process prepares its share of the training files.
     return csv_regression.prepare(
-        train_path, expand(dataset.eval_path, 'dataset.eval_path'),
+        train_path, dataset.eval_path and expand(dataset.eval_path,
+                                                 'dataset.eval_path'),
         dataset.target_columns, dataset.feature_columns,
         dataset.categorical_columns, data_dir,
         process_index=jax.process_index(),
@@ -140,27 +151,69 @@ def load_splits(dataset: DatasetConfig, seed: int) -> Splits:
   larger one stays on disk, read in blocks by the training feed. With
   `dataset.validation_fraction`, that fraction of the training table's
   blocks, drawn from `seed` (the same rows every run), is held out for
-  validation and read into memory.
+  validation and read into memory. `dataset.validation_folds` cross-fits a
+  table in memory; a streamed one cannot be (every row is validated), and
+  a fraction of it (`streamed_fraction`) is held out instead, with a
+  warning: `with_validation` gives the config that says so.
   """
   directory = _prepared_dir(dataset)
   if dataset.name == csv_regression.NAME:
     train = csv_regression.open_split(directory, dataset.train_split)
     if train.nbytes <= dataset.resident_table_mb * 2**20:
       train = csv_regression.read_split(directory, dataset.train_split)
-    evaluation = csv_regression.read_split(directory, dataset.eval_split)
+    evaluation = (csv_regression.read_split(directory, dataset.eval_split)
+                  if has_eval_split(dataset) else None)
     key = csv_regression.manifest(directory)['train_key']
   else:
     train = tables.read_split(directory, dataset.train_split)
     evaluation = tables.read_split(directory, dataset.eval_split)
     key = f'{dataset.name}:{dataset.train_split}'
+  fraction = dataset.validation_fraction
   if dataset.validation_folds:
-    return cross_fit(Splits(train, evaluation, None, key),
-                     dataset.validation_folds, seed,
-                     dataset.resident_table_mb)
-  if not dataset.validation_fraction:
+    if isinstance(train, Table):
+      return cross_fit(Splits(train, evaluation, None, key),
+                       dataset.validation_folds, seed,
+                       dataset.resident_table_mb)
+    fraction = streamed_fraction(train.num_examples)
+    logging.warning(
+        'dataset.validation_folds=%d cross-fits every training row in '
+        'memory, but the training table (%d rows, %.3g MiB) is over '
+        'dataset.resident_table_mb=%d and streamed from disk: validating on '
+        'dataset.validation_fraction=%g of it instead (about %d rows held '
+        'out; the rule: %d rows, at most %g of the table), as config.json '
+        'records. To cross-fit, raise dataset.resident_table_mb above its '
+        'size in a new workdir.', dataset.validation_folds,
+        train.num_examples, train.nbytes / 2**20, dataset.resident_table_mb,
+        fraction, round(fraction * train.num_examples), VALIDATION_ROWS,
+        MAX_FRACTION)
+  if not fraction:
     return Splits(train, evaluation, None, key)
-  blocks, validation = hold_out(train, dataset.validation_fraction, seed)
-  return Splits(train, evaluation, validation, key, blocks)
+  blocks, validation = hold_out(train, fraction, seed)
+  return Splits(train, evaluation, validation, key, blocks,
+                held_out_fraction=fraction)
+
+
+def streamed_fraction(num_rows: int) -> float:
+  """The fraction held out of a table too large to cross-fit: about
+  VALIDATION_ROWS rows, at most MAX_FRACTION, rounded up to two significant
+  digits (a value a user can read and type)."""
+  fraction = min(MAX_FRACTION, VALIDATION_ROWS / max(num_rows, 1))
+  digits = 1 - int(np.floor(np.log10(fraction)))
+  return min(MAX_FRACTION, float(np.ceil(fraction * 10**digits) / 10**digits))
+
+
+def with_validation(config: Config, splits: Splits) -> Config:
+  """`config` with the validation `splits` holds: a run whose table was
+  too large to cross-fit (`load_splits`) records the fraction it held out
+  instead, so that config.json, every checkpoint and a resumed run (which
+  decides the same for the same table) say what was done."""
+  dataset = config.dataset
+  if not dataset.validation_folds or splits.folds or not (
+      splits.held_out_fraction):
+    return config
+  return dataclasses.replace(config, dataset=dataclasses.replace(
+      dataset, validation_folds=0,
+      validation_fraction=splits.held_out_fraction))
 
 
 def cross_fit(splits: Splits, folds: int, seed: int,
@@ -236,6 +289,12 @@ def training_sample(splits: Splits, max_rows: int = STATS_ROWS) -> Table:
   return rows_of(splits.train, blocks.take(np.arange(0, len(blocks), every)))
 
 
+def has_eval_split(dataset: DatasetConfig) -> bool:
+  """Whether `dataset` has rows to evaluate on: a user's table without an
+  eval file has none (its validation rows estimate the error instead)."""
+  return dataset.name != csv_regression.NAME or bool(dataset.eval_path)
+
+
 def load_eval_split(dataset: DatasetConfig,
                     plan: ColumnPlan | None = None) -> Table:
   """The evaluation split, encoded with a trained model's column plan.
@@ -246,6 +305,9 @@ def load_eval_split(dataset: DatasetConfig,
   """
   if dataset.name != csv_regression.NAME:
     return tables.read_split(_prepared_dir(dataset), dataset.eval_split)
+  if not has_eval_split(dataset):
+    raise DataError('the run has no eval file (dataset.eval_path is empty); '
+                    'give one with --config.dataset.eval_path=FILE')
   path = expand(dataset.eval_path, 'dataset.eval_path')
   frame = table_files.read_frame(path, 'dataset.eval_path')
   x_NxF, unseen = plan.encode(frame, path, 'dataset.eval_path')

@@ -135,7 +135,7 @@ def members_summary(state: state_lib.TrainState,
           for m in np.flatnonzero(weights > 0)}
 
 
-def ridge_weights(state: state_lib.TrainState, table: Table
+def ridge_weights(state: state_lib.TrainState, target_names: Sequence[str]
                   ) -> dict[str, float] | None:
   """{target: the ridge part's weight in the prediction}, or None for a
   model without ridge parts (members share one weight)."""
@@ -143,4 +143,4 @@ def ridge_weights(state: state_lib.TrainState, table: Table
   if part is None:
     return None
   weight_T = _on_host(part['weight'])[0]
-  return {name: float(w) for name, w in zip(table.target_names, weight_T)}
+  return {name: float(w) for name, w in zip(target_names, weight_T)}

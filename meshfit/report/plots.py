@@ -1,9 +1,10 @@
 """The pictures a run leaves in its workdir, drawn with matplotlib (Agg).
 
 `loss_curve.png` (end of training): train/loss (and val/loss) and eval/rmse
-against step. `eval/step_<N>_predictions.png` (--mode=eval): predicted
-against actual, and residuals against predicted, one row of panels per
-target; for a model that predicts a distribution,
+(val/rmse for a run without an eval file) against step.
+`eval/step_<N>_predictions.png` (--mode=eval): predicted against actual,
+and residuals against predicted, one row of panels per target; for a model
+that predicts a distribution,
 `eval/step_<N>_calibration.png`: observed against nominal coverage of its
 central intervals. Each shows what predicting the training mean would score: an RMSE
 means something only beside it.
@@ -59,7 +60,8 @@ def write_loss_curve(workdir: str, dataset: str,
     workdir: the run's workdir.
     dataset: the dataset's name, for the title.
     target_names: the targets, for the eval axis label.
-    mean_rmse: eval/rmse of predicting the training mean, drawn as a line.
+    mean_rmse: eval/rmse (without eval rows: val/rmse) of predicting the
+      training mean, drawn as a line.
     best_step: the step eval and predict use (the best by validation),
       marked on both panels.
 
@@ -75,6 +77,11 @@ def write_loss_curve(workdir: str, dataset: str,
                     np.float64).reshape(-1, 2)
   train, evals, val = curve('train/loss'), curve('eval/rmse'), curve(
       'val/loss')
+  # Without an eval file the validation rows estimate the error: drawn
+  # where eval/rmse would be.
+  scored = 'eval/rmse' if len(evals) else 'val/rmse'
+  if not len(evals):
+    evals = curve(scored)
   if not len(train) and not len(evals):
     return None
   fig = _new_figure(figsize=(10, 4), layout='constrained')
@@ -83,7 +90,7 @@ def write_loss_curve(workdir: str, dataset: str,
           f'mean RMSE over {", ".join(target_names)}')
   panels = (
       (left, train, 'train/loss', 'MSE, standardised units', 'tab:blue'),
-      (right, evals, 'eval/rmse', f'{rmse}, original units', 'tab:orange'))
+      (right, evals, scored, f'{rmse}, original units', 'tab:orange'))
   if len(val):  # the loss of the validation rows, in the same units
     left.plot(val[:, 0], val[:, 1], color='tab:green', label='val/loss',
               marker='o' if len(val) <= 50 else None, markersize=3)

@@ -1,4 +1,5 @@
-"""--mode=eval: a saved checkpoint's metrics on the eval split, and a figure."""
+"""--mode=eval: a saved checkpoint's metrics on the eval split, and a figure;
+for a run without an eval file, the estimate of its error it recorded."""
 
 import hashlib
 import json
@@ -32,6 +33,10 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   eval/step_N_calibration.png (observed against nominal coverage). An eval
   file other than the run's own (`dataset.eval_path` overridden) gets names
   of its own, `step_N_<file>-<hash>`, so that it never replaces the run's.
+  A user's run without an eval file (and none given) reports the estimate
+  of its error its checkpoint recorded on the validation rows (out of fold
+  with cross-fitting, else held out), marked by "split" and a "note", and
+  draws no figure (the rows are not the checkpoint's to score again).
 
   Args:
     config: the run's saved config (evaluation keys may be overridden).
@@ -47,15 +52,31 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
     "coverage_95" and "coverage" (every level); an ensemble of several
     members "members" (the weight and hyperparameters of those used); a
     model with ridge parts "ridge_weight" (their weight per target).
+    The estimate has "split": "out_of_fold" or "held_out", and "note".
+
+  Raises:
+    UsageError: no such checkpoint; or, without an eval file, a checkpoint
+      of a step that was not validated (it recorded no estimate).
   """
   config = config_lib.parse(config)
   config_lib.check_devices(config, jax.device_count())
   compilation_cache.configure(config.compilation_cache_dir)
   with reading.SavedModel(workdir, step) as saved:
-    table = splits_lib.load_eval_split(config.dataset, saved.plan)
+    table = None
+    if splits_lib.has_eval_split(config.dataset):
+      table = splits_lib.load_eval_split(config.dataset, saved.plan)
+    elif saved.estimate is None:
+      raise UsageError(
+          f'the run in {workdir} has no eval file, and the checkpoint of '
+          f'step {saved.step} recorded no estimate of its error (those of '
+          'the validated steps do: the best and the last); leave out --step '
+          'for the best, or score a file with '
+          '--config.dataset.eval_path=FILE')
     setup, state = saved.restore(config)
   step = saved.step
-  result = score(config, setup, state, table, step)
+  result = (score(config, setup, state, table, step) if table is not None
+            else _with_members(config, state, saved.estimate,
+                               saved.plan.targets))
   name = output_name(config, workdir, step)
   if jax.process_index() == 0:
     storage.makedirs(storage.join(workdir, 'eval'))
@@ -63,7 +84,7 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
                                            f'{name}.json')) as f:
       json.dump(result, f, indent=2)
       f.write('\n')
-  if config.plots:
+  if config.plots and table is not None:
     # Every process takes part in the predictions; process 0 draws them.
     pred_NxT = inference.predict_table(setup, state, table.x_NxF,
                                      config.eval_batch_size)['pred']
@@ -113,10 +134,17 @@ def score(config: Config, setup: Setup, state: TrainState, table: Table,
                if config.dataset.eval_path else {}),
             **inference.evaluate_table(setup, state, table,
                                        config.eval_batch_size)}
+  return _with_members(config, state, result, table.target_names)
+
+
+def _with_members(config: Config, state: TrainState, result: dict,
+                  target_names: tuple[str, ...]) -> dict:
+  """`result` with the members and ridge weights of `state` that made it."""
+  result = dict(result)
   if state.num_members > 1:
     result['members'] = inference.members_summary(
         state, optim.Hyperparameters.of(config))
-  weights = inference.ridge_weights(state, table)
+  weights = inference.ridge_weights(state, target_names)
   if weights is not None:
     result['ridge_weight'] = weights
   return result

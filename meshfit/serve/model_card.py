@@ -13,6 +13,7 @@ import storage
 from input_pipeline import cells, column_plan, csv_regression
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
+from meshfit.checkpoints import reading
 from meshfit.config import Config
 from meshfit.data import splits as splits_lib
 from meshfit.errors import UsageError
@@ -43,7 +44,9 @@ def eval_metrics(config: Config, workdir: str, step: int,
   seen), else computed here as --mode=eval would compute them (nothing is
   written to the workdir). An eval split that cannot be read here (its file
   moved, another machine) does not stop the export: the artifacts do not
-  depend on it, and model.json says why the metrics are missing.
+  depend on it, and model.json says why the metrics are missing. A run
+  without an eval file gives the estimate of its error that its checkpoint
+  recorded on validation rows, marked as such ("split", "note").
 
   Returns:
     (metrics, None), or (None, the reason there are none).
@@ -55,6 +58,15 @@ def eval_metrics(config: Config, workdir: str, step: int,
       return {'source': f'eval/step_{step}.json', **written}, None
   except (OSError, ValueError, storage.StorageError):
     pass  # none, or unreadable: computed instead
+  if not splits_lib.has_eval_split(config.dataset):
+    with reading.SavedModel(workdir, step) as saved:
+      if saved.estimate is not None:
+        return {'source': f'the estimate the checkpoint of step {step} '
+                'recorded (the run has no eval file)', **saved.estimate}, None
+    reason = (f'the run has no eval file and the checkpoint of step {step} '
+              'recorded no estimate of its error (only validated steps do)')
+    logging.warning('Exporting without eval metrics: %s', reason)
+    return None, reason
   try:
     table = splits_lib.load_eval_split(config.dataset, plan)
   except (DataError, UsageError, OSError) as e:

@@ -4,14 +4,18 @@ At every `eval_every_steps` the loop asks `Evaluations.at` to score each
 member on the validation rows (`meshfit/model/selection.py` weighs them), to
 evaluate the weighted model there (the best step is the best of these) and
 on the eval split; at the end `final` evaluates the model that eval and
-predict use.
+predict use. Without an eval file (a user's one table) the validation rows'
+metrics of that model are the estimate of its error: out of fold with
+cross-fitting, else on the held-out rows. Every checkpoint records the
+latest (`meta`), so that --mode=eval and the model card report the
+estimate of the step they read.
 """
 
 import jax
 import numpy as np
 from absl import logging
 
-from meshfit.checkpoints import checkpointer
+from meshfit.checkpoints import checkpointer, reading
 from meshfit.config import Config
 from meshfit.data import splits as splits_lib
 from meshfit.model import (inference, metrics, optim, ridge_fit, selection,
@@ -44,6 +48,17 @@ class Evaluations:
     # Cross-fitted members are validated out of fold (on the host).
     self._folds = max(len(splits.folds), 1)
     self._out_of_fold: dict | None = None
+    # The validation metrics (`estimate`) of the latest evaluation and of
+    # the best step, each with its step.
+    self._latest: dict | None = None
+    self._best: dict | None = None
+
+  def meta(self) -> dict:
+    """What a checkpoint made now records of the evaluations: the members
+    chosen and the latest validation metrics (the estimate of the error of
+    the state of that step: the reader checks the step)."""
+    return {**({'selection': self.choice.to_json()} if self.choice else {}),
+            **({'estimate': self._latest} if self._latest else {})}
 
   def _evaluate(self, state, table) -> dict:
     return inference.evaluate_table(self._setup, state, table,
@@ -109,8 +124,7 @@ class Evaluations:
     scalars, improved = {}, False
     if self._splits.validation is not None:
       state = self._choose(step, state)
-      validation = (self._out_of_fold if self._folds > 1 else
-                    self._evaluate(state, self._splits.validation))
+      validation = self._validate(step, state)
       scalars.update({**_eval_scalars('val', validation),
                       'val/loss': self.choice.loss})
       if self.choice.ridge_weight_T is not None:
@@ -127,7 +141,10 @@ class Evaluations:
             'val/loss_all_members': self.choice.all_loss,
             'val/members_chosen': float(len(self.choice.chosen()))})
       improved = self.tracker.update(step, self.choice.loss)
-    if self._config.eval_during_training or self._splits.validation is None:
+      if improved:
+        self._best = self._latest
+    if self._splits.eval is not None and (
+        self._config.eval_during_training or self._splits.validation is None):
       result = self._evaluate(state, self._splits.eval)
       self._last = (step, result)
       scalars = {**_eval_scalars('eval', result), **scalars}
@@ -143,8 +160,8 @@ class Evaluations:
     (when this process trained) its scalars are logged at the last step.
     """
     result = self._final(state, ckpt)
-    if trained and not (self._config.eval_during_training
-                        or self._splits.validation is None):
+    if trained and self._splits.eval is not None and not (
+        self._config.eval_during_training or self._splits.validation is None):
       self._writer.write_scalars(int(jax.device_get(state.step)),
                                  _eval_scalars('eval', result))
     return result
@@ -154,7 +171,7 @@ class Evaluations:
     step = int(jax.device_get(state.step))
     if self._splits.validation is None or not self.tracker.best_step:
       result = (self._last[1] if self._last and self._last[0] == step else
-                self._evaluate(state, self._splits.eval))
+                self._score(step, state, ckpt))
       return {**result, 'step': step}
     best, loss = self.tracker.best_step, self.tracker.best_loss
     best_state = (state if best == step else self.best_state)
@@ -164,17 +181,55 @@ class Evaluations:
       if restored is None:  # every best was damaged: the model is the last
         logging.warning('No best checkpoint is left; the model is the '
                         'state of step %d.', step)
-        return {**self._evaluate(state, self._splits.eval), 'step': step}
+        return {**self._score(step, state, ckpt), 'step': step}
       best, best_state, loss = restored
-    result = {**self._evaluate(best_state, self._splits.eval), 'step': best,
+    result = {**self._score(best, best_state, ckpt), 'step': best,
               'val_loss': loss}
     if best_state.num_members > 1:
       result['members'] = inference.members_summary(best_state,
                                                    self._hparams)
-    weights = inference.ridge_weights(best_state, self._splits.eval)
+    weights = inference.ridge_weights(
+        best_state, self._splits.train.target_names)
     if weights is not None:
       result['ridge_weight'] = weights
     return result
+
+  def _validate(self, step: int, state: state_lib.TrainState) -> dict:
+    """The validation metrics of `state`, its members chosen (`_choose`);
+    kept as the latest estimate."""
+    result = (self._out_of_fold if self._folds > 1 else
+              self._evaluate(state, self._splits.validation))
+    self._latest = reading.estimate(step, result, self._folds)
+    return result
+
+  def _score(self, step: int, state: state_lib.TrainState,
+             ckpt: checkpointer.Checkpointer) -> dict:
+    """`state`'s metrics on the eval split; without one, the estimate of
+    its error: the validation metrics recorded at `step` (in memory, or in
+    its checkpoint for a resumed run), else those of its state again."""
+    if self._splits.eval is not None:
+      return self._evaluate(state, self._splits.eval)
+    known = next((e for e in (self._best, self._latest)
+                  if e and e['step'] == step), None) or _recorded(ckpt, step)
+    if known is None:
+      self._validate(step, self._choose(step, state))
+      known = self._latest
+    return {k: v for k, v in known.items() if k != 'step'}
+
+
+def scored_on(result: dict) -> str:
+  """What `result` was scored on, in words: 'eval', or the estimate."""
+  return {reading.OUT_OF_FOLD: 'out-of-fold estimate (no eval file)',
+          reading.HELD_OUT: 'held-out estimate (no eval file)'}.get(
+              result.get('split'), 'eval')
+
+
+def _recorded(ckpt: checkpointer.Checkpointer, step: int) -> dict | None:
+  """The estimate the checkpoint of `step` recorded of its own state."""
+  try:
+    return reading.recorded_estimate(ckpt.restore_meta(step), step)
+  except checkpointer.DamagedCheckpointError:
+    return None
 
 
 def _eval_scalars(prefix: str, result: dict) -> dict[str, float]:

@@ -76,6 +76,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
   compilation_cache.configure(config.compilation_cache_dir)
   if splits is None:
     splits = splits_lib.load_splits(config.dataset, config.seed)
+  config = splits_lib.with_validation(config, splits)  # before it is saved
   config = _size_to_table(config, splits)
   train = splits.train
   layout = InputLayout.of(train.plan.input_categories, train.missing_I,
@@ -232,8 +233,7 @@ def _train(config: Config, workdir: str, setup: Setup,
           'data_position': feed.position, 'config': config.to_dict(),
           'train_key': splits.train_key, 'validation': tracker.to_json(),
           **({'fold_rows': splits_lib.FOLD_ROWS} if splits.folds else {}),
-          **({'selection': evaluations.choice.to_json()}
-             if evaluations.choice else {}),
+          **evaluations.meta(),
           **reading.model_meta(splits.train.plan, setup.arch.layout)},
       config.checkpoint_every_steps, config.checkpoint_every_seconds)
   try:
@@ -353,8 +353,9 @@ def _close_run(config: Config, workdir: str, final: dict,
   if config.plots and jax.process_index() == 0:
     train_mean_T = splits_lib.training_sample(splits).y_NxT.astype(
         np.float64).mean(axis=0)
+    scored = splits.eval if splits.eval is not None else splits.validation
     mean_rmse = float(np.mean(np.sqrt(np.mean(
-        (splits.eval.y_NxT - train_mean_T)**2, axis=0))))
+        (scored.y_NxT - train_mean_T)**2, axis=0))))
     curve = plots.write_loss_curve(
         workdir, config.dataset.name, target_names, mean_rmse,
         final['step'] if 'val_loss' in final else None)
@@ -373,7 +374,8 @@ def _close_run(config: Config, workdir: str, final: dict,
         f'{w:.0%}' for w in final['ridge_weight'].values()) + ' of it'
   distribution = (f' nll={final["nll"]:.6g} coverage_90='
                   f'{final["coverage_90"]:.4f}' if 'nll' in final else '')
-  logging.info('Done: %s; eval rmse=%.6g mae=%.6g r2=%.4f%s on %d rows%s%s',
-               chosen, final['rmse'], final['mae'], final['r2'],
+  logging.info('Done: %s; %s rmse=%.6g mae=%.6g r2=%.4f%s on %d rows%s%s',
+               chosen, evaluations_lib.scored_on(final), final['rmse'],
+               final['mae'], final['r2'],
                distribution, final['num_examples'], per_target,
                f'; loss curve: {curve}' if curve else '')
