@@ -64,6 +64,7 @@ def main(argv: list[str]) -> None:
                                        'workdir', 'metrics.jsonl')))
   patiences = [int(p) for p in FLAGS.patience]
   ratios = {p: [] for p in patiences}
+  val_ratios = {p: [] for p in patiences}
   steps_kept = {p: [] for p in patiences}
   changed = {p: [] for p in patiences}
   for path in runs:
@@ -75,17 +76,21 @@ def main(argv: list[str]) -> None:
     for p in patiences:
       stop, best = stopped(losses, p)
       ratios[p].append(rmse[steps[best]] / rmse[steps[full_best]])
+      val_ratios[p].append(losses[best] / losses[full_best])
       steps_kept[p].append(steps[stop] / steps[-1])
       if best != full_best:
         changed[p].append(f'{name} ({steps[best]} for {steps[full_best]}: '
                           f'{ratios[p][-1]:.3f}x)')
-  rows = [[p, f'{np.exp(np.mean(np.log(ratios[p]))):.4f}',
+  rows = [[p, f'{np.exp(np.mean(np.log(val_ratios[p]))):.4f}',
+           f'{max(val_ratios[p]):.3f}',
+           f'{np.exp(np.mean(np.log(ratios[p]))):.4f}',
            f'{max(ratios[p]):.3f}', f'{min(ratios[p]):.3f}',
            f'{np.mean(steps_kept[p]):.2f}', len(changed[p])]
           for p in patiences]
   print(f'{len(ratios[patiences[0]])} runs read from {FLAGS.runs}')
   print(markdown_table(
-      ['patience (evaluations)', 'eval RMSE, geometric mean x',
+      ['patience (evaluations)', 'val loss, geometric mean x', 'worst x',
+       'eval RMSE, geometric mean x',
        'worst x', 'best x', 'steps trained (fraction)',
        'runs whose best step changes'], rows))
   for p in patiences:
