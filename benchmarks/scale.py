@@ -191,7 +191,9 @@ def measure_train(files: tuple[str, str], data_dir: str, workdir: str,
       f'--config.log_every_steps={1 if steps == 1 else 100}',
       f'--config.eval_every_steps={steps or FLAGS.train_steps}',
       '--config.plots=False', '--config.compilation_cache_dir=',
-      f'--workdir={workdir}']
+      f'--workdir={workdir}',
+      # The first step is read from the per-step INFO lines.
+      '--verbose']
   # Peak RSS printed at exit by the process itself.
   runner = ('import atexit, resource, runpy, sys; atexit.register(lambda: '
             'print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF)'
