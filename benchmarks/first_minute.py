@@ -44,6 +44,9 @@ flags.DEFINE_string('target', 'bwt', 'The column to predict.')
 flags.DEFINE_integer('big_rows', 10_000_000, 'Rows of the big table.')
 flags.DEFINE_string('big_root', '/tmp/meshfit-scale', 'Where the big table '
                     'is generated (kept; benchmarks/scale.py shares it).')
+flags.DEFINE_string('log_flag', '--verbose', "train.py's flag that prints "
+                    "every log step's timestamped line ('' for a meshfit "
+                    'older than --verbose, which always printed them).')
 FLAGS = flags.FLAGS
 
 _STAMP = re.compile(r'^[IWE](\d{4}) (\d\d):(\d\d):(\d\d\.\d+)')
@@ -88,7 +91,8 @@ def small(scratch: str) -> list[list[object]]:
         f'--config.dataset.eval_path={FLAGS.test}',
         f"--config.dataset.target_columns=('{FLAGS.target}',)",
         f'--config.dataset.data_dir={data}',
-        f'--config.compilation_cache_dir={cache}', '--verbose'])
+        f'--config.compilation_cache_dir={cache}',
+        *([FLAGS.log_flag] if FLAGS.log_flag else [])])
     marks = [start, _first(lines, r'JAX process'), _first(lines, r'Sized to'),
              _first(lines, r'Training steps'),
              _first(lines, r'\] \[\d+\] train/'), _first(lines, r'Done:'),
