@@ -486,9 +486,10 @@ def fit_boosted_trees(x: pd.DataFrame, y: np.ndarray, x_test: pd.DataFrame,
   start = time.time()
   types = {c: pd.CategoricalDtype(sorted(x[c].dropna().astype(str).unique()))
            for c in kept}
+  # A level the training rows lack reads as missing, as HistGBR's does.
   as_category = lambda f: f.assign(**{  # noqa: E731
-      c: f[c].astype(object).where(f[c].notna()).astype(str).where(
-          f[c].notna()).astype(t) for c, t in types.items()})
+      c: f[c].astype(str).where(f[c].notna() & f[c].astype(str).isin(
+          t.categories)).astype(t) for c, t in types.items()})
   model = lightgbm.LGBMRegressor(random_state=0, verbose=-1)
   prediction = model.fit(as_category(x), y).predict(as_category(x_test))
   results['lightgbm'] = {'rmse': rmse(prediction, y_test),
