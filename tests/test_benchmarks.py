@@ -239,8 +239,11 @@ def test_interval_report_counts_splits_per_reference():
                              for m in tables.MODELS}}}}
   rows = [[c.strip() for c in line.split('|')[1:-1]]
           for line in tables.interval_report(results).splitlines()]
-  assert rows[0] == ['table', 'vs ridge', 'vs sklearn MLP', 'vs HistGBR']
-  assert rows[2:] == [['a', '1 / 1 / 0', '1 / 0 / 1', '1 / 1 / 0'],
+  assert rows[0] == ['table', 'vs ridge', 'vs sklearn MLP', 'vs HistGBR',
+                     'vs CatBoost', 'vs LightGBM']
+  # Split 1 has no CatBoost or LightGBM interval: split 0's alone count.
+  assert rows[2:] == [['a', '1 / 1 / 0', '1 / 0 / 1', '1 / 1 / 0',
+                       '1 / 0 / 0', '1 / 0 / 0'],
                       ['splits in all', '1 / 1 / 0', '1 / 0 / 1',
-                       '1 / 1 / 0']]
+                       '1 / 1 / 0', '1 / 0 / 0', '1 / 0 / 0']]
   assert tables.interval_report({'b': results['b']}) == ''

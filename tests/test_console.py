@@ -50,6 +50,8 @@ def _args(tables: str, workdir: str, targets: tuple[str, ...], *extra: str
           f'--config.eval_every_steps={EVAL_EVERY}',
           f'--config.log_every_steps={LOG_EVERY}',
           '--config.early_stopping_evals=0',
+          # The eval file at every evaluation, to see it on each line.
+          '--config.eval_during_training=True',
           '--config.model.hidden_sizes=(16,)', *extra]
 
 
@@ -158,6 +160,23 @@ def test_metrics_jsonl_records_every_scalar_whatever_the_console_shows(
   assert {'train/loss', 'train/grad_norm', timed, 'train/learning_rate',
           'val/loss', 'eval/mae', 'eval/mae/y', 'eval/rmse',
           'eval/rmse/y'} <= keys
+
+
+def test_the_eval_file_scored_once_gets_a_line_of_its_own(tables, tmp_path):
+  workdir = str(tmp_path / 'run')
+  proc = _train(tables, workdir, ('y', 'z'),
+                '--config.eval_during_training=False')
+  *lines, last = proc.stdout.splitlines()
+  records = _evaluations(workdir)
+  assert len(lines) == len(records)  # one per evaluation, no eval rmse
+  assert not any('eval rmse' in line for line in lines)
+  final = [r for r in writers.read_jsonl(os.path.join(
+      workdir, 'metrics.jsonl')) if 'eval/rmse' in r]
+  assert [r['step'] for r in final] == [STEPS]
+  assert last == (f'The final model on the eval file: rmse '
+                  f'{final[0]["eval/rmse"]:.5g} (y '
+                  f'{final[0]["eval/rmse/y"]:.5g}, z '
+                  f'{final[0]["eval/rmse/z"]:.5g}).')
 
 
 def test_two_targets_show_each_targets_metrics(tables, tmp_path):

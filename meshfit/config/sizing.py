@@ -19,10 +19,11 @@ The rules (docs/tables.md has the measurements that chose them):
 - evaluations (and logs): about once an epoch, and at least
   MIN_EVALUATIONS in the run, so the best step is looked for at the
   granularity where a small table's overfitting happens; but never so often
-  that evaluating costs more than training: the steps between two
-  evaluations train on at least EVAL_COST_RATIO times the rows an
-  evaluation reads (a validation row costs about a third of a training
-  row). A 50-step run of a 10M-row table validated on 99k rows was
+  that validating costs more than training: the steps between two
+  evaluations train on at least EVAL_COST_RATIO times the validation rows
+  (a validation row costs about a third of a training row; the eval split,
+  scored for monitoring only, does not count: it must not make the best
+  step coarser). A 50-step run of a 10M-row table validated on 99k rows was
   evaluated every 2 steps, 25 times; now at step 33 and at the end.
 """
 
@@ -57,8 +58,7 @@ def resolve(config: Config, num_rows: int, data_devices: int = 1,
     num_rows: the rows a member trains on (the validation rows left out).
     data_devices: devices of the mesh's 'data' axis (the batch must divide
       over them).
-    eval_rows: the rows an evaluation reads (validation rows, and those of
-      the eval split when it is scored at every evaluation), each member's.
+    eval_rows: the validation rows an evaluation reads.
 
   Returns:
     The resolved config, and a line saying what was sized (None if

@@ -161,7 +161,12 @@ class Progress(writers.ScalarWriter):
         self._val_loss = float(scalars['val/loss'])
         notice = self._validated(step, self._val_loss)
       evaluated = any(k.startswith(('val/', 'eval/')) for k in scalars)
-      if evaluated and not self._live:
+      if ('eval/rmse' in scalars and 'val/loss' not in scalars
+          and self._val_loss is not None):
+        # The eval file scored once, for the final model (the run's
+        # `eval_during_training` off): a line of its own, not a repeat.
+        self._print(self._final_line())
+      elif evaluated and not self._live:
         self._print(self.line(now))
       if notice:
         self._print(notice)
@@ -197,6 +202,14 @@ class Progress(writers.ScalarWriter):
       if width is None or len(text) <= width:
         return text
     return text[:width]
+
+  def _final_line(self) -> str:
+    """The eval file's score of the model eval and predict use."""
+    rmse = f'{self._rmse[""]:.5g}'
+    if len(self._rmse) > 1:
+      rmse += ' (' + ', '.join(
+          f'{t} {v:.5g}' for t, v in self._rmse.items() if t) + ')'
+    return f'The final model on the eval file: rmse {rmse}.'
 
   def _left(self, now: float) -> float | None:
     """Seconds to the last step at the speed measured so far."""

@@ -115,11 +115,11 @@ def _size_to_table(config: Config, splits: splits_lib.Splits) -> Config:
   data_devices, _ = sharding.mesh_shape(config.mesh.data, config.mesh.model,
                                         jax.device_count(),
                                         config.mesh.members)
-  eval_rows = sum(t.num_examples for t in (
-      splits.validation, splits.eval if config.eval_during_training
-      else None) if t is not None)
-  config, line = sizing.resolve(config, splits.member_rows, data_devices,
-                                eval_rows)
+  # Validation rows only: scoring the eval split too (monitoring) must not
+  # make the best step coarser.
+  config, line = sizing.resolve(
+      config, splits.member_rows, data_devices,
+      splits.validation.num_examples if splits.validation else 0)
   if line:
     logging.info('%s', line)
   return config
