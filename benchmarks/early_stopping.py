@@ -1,6 +1,6 @@
 """What early stopping would cost and save, read from runs that did not stop.
 
-    python benchmarks/early_stopping.py --runs=DIR [--patience=5,10,20]
+    python benchmarks/early_stopping.py --runs=DIR [--patiences=5,10,20]
 
 Early stopping changes nothing before it stops: a run stopped after
 `patience` evaluations without a better validation loss keeps the best step
@@ -25,7 +25,7 @@ from bench_common import markdown_table
 
 flags.DEFINE_string('runs', None, 'benchmarks/tables.py --workdir folder.',
                     required=True)
-flags.DEFINE_list('patience', ['3', '5', '8', '10', '15', '20', '30'],
+flags.DEFINE_list('patiences', ['3', '5', '8', '10', '15', '20', '30'],
                   'Patiences to read off, in evaluations.')
 FLAGS = flags.FLAGS
 
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> None:
   del argv
   runs = sorted(glob.glob(os.path.join(FLAGS.runs, 'runs', '*', '*',
                                        'workdir', 'metrics.jsonl')))
-  patiences = [int(p) for p in FLAGS.patience]
+  patiences = [int(p) for p in FLAGS.patiences]
   ratios = {p: [] for p in patiences}
   val_ratios = {p: [] for p in patiences}
   steps_kept = {p: [] for p in patiences}

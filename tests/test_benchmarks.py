@@ -247,3 +247,18 @@ def test_interval_report_counts_splits_per_reference():
                       ['splits in all', '1 / 1 / 0', '1 / 0 / 1',
                        '1 / 1 / 0', '1 / 0 / 0', '1 / 0 / 0']]
   assert tables.interval_report({'b': results['b']}) == ''
+
+
+def test_early_stopping_reads_a_patience_as_the_best_tracker_stops():
+  import early_stopping  # noqa: PLC0415  (benchmarks/ is on the path)
+  from meshfit.train.validation import BestTracker  # noqa: PLC0415
+  losses = [1.0, 0.8, 0.9, 0.85, 0.7, 0.75, 0.76, 0.77, 0.71, 0.72]
+  for patience in (1, 2, 3, 4, 20):
+    tracker, stop = BestTracker(patience), len(losses) - 1
+    for i, loss in enumerate(losses):
+      tracker.update(i + 1, loss)
+      if tracker.stopped:
+        stop = i
+        break
+    assert early_stopping.stopped(losses, patience) == (
+        stop, tracker.best_step - 1), patience
