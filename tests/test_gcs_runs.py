@@ -337,18 +337,21 @@ def test_the_network_going_down_mid_run_is_one_line_and_keeps_checkpoints(
           f'--config.dataset.data_dir={data_dir}',
           '--config.num_train_steps=100000',
           '--config.model.hidden_sizes=(32,32)', '--config.batch_size=64',
-          '--config.log_every_steps=10', '--config.eval_every_steps=50',
-          '--config.checkpoint_every_steps=50']
+          '--config.log_every_steps=10', '--config.eval_every_steps=200',
+          # Far apart, so that the cut comes between saves: a cut during
+          # an Orbax save waits out TensorStore's own retries (minutes).
+          '--config.checkpoint_every_steps=400']
   log = tmp_path / 'train.log'  # a file: a full pipe would stall train.py
   with open(log, 'w', encoding='utf-8') as f:
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=f, stderr=f)
   checkpoints = storage.join(workdir, 'checkpoints')
   deadline = time.monotonic() + 120
   try:
-    while not (storage.exists(checkpoints)
-               and len(storage.listdir(checkpoints)) >= 2):
+    while not (storage.exists(checkpoints) and len(
+        [s for s in storage.listdir(checkpoints) if storage.exists(
+            storage.join(checkpoints, s, 'commit_success.txt'))]) >= 2):
       assert proc.poll() is None and time.monotonic() < deadline
-      time.sleep(0.2)
+      time.sleep(0.1)
     link.cut()
     cut = time.monotonic()
     proc.wait(timeout=240)

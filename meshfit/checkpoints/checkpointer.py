@@ -307,9 +307,12 @@ class BackgroundSaver:
         self._cond.wait()
       self._raise_error()
 
-  def close(self) -> None:
-    """Writes what is waiting, then stops the thread."""
+  def close(self, wait: bool = True) -> None:
+    """Writes what is waiting, then stops the thread; without `wait`, does
+    not wait for it (a save that cannot reach its storage would hold the
+    run for its retries)."""
     with self._cond:
       self._closed = True
       self._cond.notify_all()
-    self._thread.join()
+    if wait:
+      self._thread.join()

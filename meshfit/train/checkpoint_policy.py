@@ -135,6 +135,8 @@ class LoopCheckpoints:
       self._saver.wait()
     self._ckpt.wait()
 
-  def close(self) -> None:
+  def close(self, wait: bool = True) -> None:
+    """Stops the background saver; `wait=False` leaves a save in flight
+    to finish (or fail) on its own: storage out of reach."""
     if self._saver is not None:
-      self._saver.close()
+      self._saver.close(wait)

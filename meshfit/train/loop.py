@@ -246,6 +246,7 @@ def _train(config: Config, workdir: str, setup: Setup,
   table_z = ({} if not feed.resident else steps.jit_encode(
       setup.mesh, setup.arch.layout)(state.stats, feed.device_table()))
   speed = train_log.StepsPerSecond(initial_step)
+  reachable = True
   try:
     if preemption.received:
       raise Preempted(initial_step)
@@ -299,8 +300,11 @@ def _train(config: Config, workdir: str, setup: Setup,
     e.last_good = max((s for s in ckpt.all_steps() if s < e.step - 1),
                       default=None)
     raise
+  except storage.StorageError:
+    reachable = False  # what is in flight cannot be written: not waited on
+    raise
   finally:
-    checkpoints.close()
+    checkpoints.close(wait=reachable)
     profile.close()
     feed.close()
     writer.close()
