@@ -6,10 +6,12 @@ or `export.export`). README.md has the usage; bad input exits with status 2
 and one `error: ...` line.
 """
 
+import atexit
 import difflib
 import json
 import os
 import sys
+import threading
 
 # Before TensorFlow / TFDS are imported: keep everything local and quiet.
 os.environ.setdefault('NO_GCE_CHECK', 'true')
@@ -277,5 +279,28 @@ def _run() -> None:
     sys.exit(preemption.EXIT_CODE)
 
 
+def _leave(status: object) -> None:
+  """Ends the process as Python's exit does, less the teardown of modules.
+
+  Freeing every module's objects (JAX's, XLA's) one by one took ~0.5 s of a
+  small table's 4 s run (docs/performance.md) and writes nothing: threads are
+  joined and the exit hooks run (logging's flush, JAX's backend and
+  jax.distributed shutdown) before the process ends.
+  """
+  if status is None:
+    status = 0
+  elif not isinstance(status, int):  # sys.exit('message'), as Python does
+    sys.stderr.write(f'{status}\n')
+    status = 1
+  threading._shutdown()  # noqa: SLF001 (what Python's exit calls first)
+  atexit._run_exitfuncs()  # noqa: SLF001
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)
+
+
 if __name__ == '__main__':
-  app.run(main, flags_parser=_parse_flags)
+  try:
+    app.run(main, flags_parser=_parse_flags)
+  except SystemExit as e:
+    _leave(e.code)

@@ -204,6 +204,8 @@ def _train(config: Config, workdir: str, setup: Setup,
     json_files.save_json(config, storage.join(workdir, 'config.json'))
     writers.truncate_jsonl(storage.join(workdir, 'metrics.jsonl'),
                            initial_step)
+    if config.plots:
+      plots.preload()
   shown = (console or progress.Console()).writer(is_main, progress.Plan.of(
       initial_step, last_step, -(-splits.member_rows // config.batch_size),
       tracker))
