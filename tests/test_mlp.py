@@ -448,3 +448,12 @@ def test_ridge_blend_must_be_a_bool_and_needs_validation_and_values():
   with pytest.raises(UsageError, match=r"model.likelihood='gaussian' "
                      'predicts distributions; set model.ridge_blend=False'):
     config_lib.parse(raw)
+
+
+def test_normal_quantile_edges_are_scipys():
+  from scipy.special import ndtri  # noqa: PLC0415  (the reference only)
+  from models.embeddings import normal_quantile_edges  # noqa: PLC0415
+  for bins in (2, 8, 16, 64, 1000):
+    expected = np.concatenate([[-3.0], ndtri(np.arange(1, bins) / bins),
+                               [3.0]]).astype(np.float32)
+    np.testing.assert_array_equal(normal_quantile_edges(bins), expected)

@@ -171,3 +171,18 @@ def test_the_blend_of_cross_fitted_members_is_weighed_out_of_fold():
   blended = selection.blend(choice, network, ridge, z, fold_N, folds=3)
   assert blended.ridge_weight_T[0] < 0.05
   assert blended.loss <= choice.loss < 0.02
+
+
+def test_log_weighted_sum_is_scipys_logsumexp():
+  from scipy.special import logsumexp  # noqa: PLC0415  (the reference only)
+  rng = np.random.default_rng(0)
+  for members in (1, 3, 8):
+    x = rng.normal(size=(members, 40, 2)) * 30
+    w = rng.random(members) + 0.01
+    w /= w.sum()
+    np.testing.assert_allclose(selection._log_weighted_sum(w, x),
+                               logsumexp(x, axis=0, b=w[:, None, None]),
+                               rtol=1e-13, atol=1e-12)
+  all_minus_inf = np.full((3, 2, 1), -np.inf)
+  assert np.all(selection._log_weighted_sum(np.full(3, 1 / 3), all_minus_inf)
+                == -np.inf)

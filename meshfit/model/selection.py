@@ -25,7 +25,6 @@ import dataclasses
 import math
 
 import numpy as np
-from scipy.special import logsumexp
 
 # Greedy selection adds at most this many members (with replacement), and
 # stops after GREEDY_PATIENCE additions in a row that did not improve on
@@ -154,8 +153,19 @@ class _Scorer:
     w = weights_M[used] / weights_M[used].sum()
     stats = self.member_stats()[used]
     if self.distribution:
-      return float(-np.mean(logsumexp(stats, axis=0, b=w[:, None, None])))
+      return float(-np.mean(_log_weighted_sum(w, stats)))
     return float(self.of_sum(np.tensordot(w, stats, axes=1), 1.0))
+
+
+def _log_weighted_sum(w_M: np.ndarray, x_MxNxT: np.ndarray) -> np.ndarray:
+  """log(sum over m of w_M[m] * exp(x_MxNxT[m])), the weights positive:
+  scipy.special.logsumexp(x, axis=0, b=w), without scipy's import (0.1 s of
+  a small run)."""
+  x_MxNxT = x_MxNxT + np.log(w_M)[:, None, None]
+  top_NxT = np.max(x_MxNxT, axis=0)
+  top_NxT = np.where(np.isfinite(top_NxT), top_NxT, 0.0)  # all -inf: -inf
+  with np.errstate(divide='ignore'):
+    return top_NxT + np.log(np.sum(np.exp(x_MxNxT - top_NxT), axis=0))
 
 
 def out_of_fold(a_MxNxT: np.ndarray, fold_N: np.ndarray,
