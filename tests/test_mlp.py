@@ -457,3 +457,27 @@ def test_normal_quantile_edges_are_scipys():
     expected = np.concatenate([[-3.0], ndtri(np.arange(1, bins) / bins),
                                [3.0]]).astype(np.float32)
     np.testing.assert_array_equal(normal_quantile_edges(bins), expected)
+
+
+@pytest.mark.parametrize('rows', [300, 256, 513])
+def test_a_resident_table_is_encoded_in_chunks_as_if_whole(monkeypatch, rows):
+  # Chunks of 64 rows (the last overlapping the one before unless rows
+  # divide): the encoded table equals the table encoded in one piece.
+  from meshfit.model import steps  # noqa: PLC0415
+  monkeypatch.setattr(steps, 'ENCODE_CHUNK_ROWS', 64)
+  rng = np.random.default_rng(0)
+  x_NxF = rng.standard_normal((rows, 3)).astype(np.float32)
+  x_NxF[rng.random((rows, 3)) < 0.1] = np.nan
+  x_NxF[:, 2] = rng.integers(0, 5, rows)  # a category's codes
+  y_NxT = rng.standard_normal((rows, 2)).astype(np.float32)
+  layout = InputLayout.of((0, 0, 5), (True, True, False), 'quantile',
+                          raw_numbers=True)
+  stats = FeatureStats.fit(layout, x_NxF, y_NxT)
+  mesh = sharding.make_mesh(jax.device_count(), 1)  # replicated on all
+  table = {'x': jnp.asarray(x_NxF), 'y': jnp.asarray(y_NxT)}
+  chunked = steps.jit_encode(mesh, layout)(stats, table)
+  whole = jax.jit(lambda s, t: steps.encode(s, layout, t))(stats, table)
+  assert chunked.keys() == whole.keys()
+  for name in whole:
+    np.testing.assert_array_equal(np.asarray(chunked[name]),
+                                  np.asarray(whole[name]), err_msg=name)
