@@ -91,6 +91,23 @@ def _number(cell: str) -> float:
   return float(cell.replace(',', '').rstrip('%x'))
 
 
+def test_member_forms_reports_both_forms_against_one_model():
+  env = dict(os.environ, NO_GCE_CHECK='true')
+  env.pop('XLA_FLAGS', None)
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'benchmarks', 'member_forms.py'),
+       '--members=1,4', '--hidden=8', '--batch=16', '--seconds=0.05'],
+      capture_output=True, text=True, env=env, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
+          for line in result.stdout.splitlines() if line.startswith('| ')}
+  assert set(rows) == {'members', '1', '4'}
+  assert rows['1'][2] == '1.00x'  # one independent model against itself
+  for cells in (rows['1'], rows['4']):
+    assert float(cells[0].removesuffix('M')) > 0
+    assert float(cells[1].removesuffix('M')) > 0
+
+
 def test_matmul_isa_section_measures_both_instructions_or_says_why_not():
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, 'benchmarks', 'matmul.py'),
