@@ -294,8 +294,11 @@ def _leave(status: object) -> None:
     status = 1
   threading._shutdown()  # noqa: SLF001 (what Python's exit calls first)
   atexit._run_exitfuncs()  # noqa: SLF001
-  sys.stdout.flush()
-  sys.stderr.flush()
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except OSError:  # a closed pipe (`| head`): nothing more can be said
+      pass
   os._exit(status)
 
 
