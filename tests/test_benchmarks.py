@@ -279,3 +279,25 @@ def test_early_stopping_reads_a_patience_as_the_best_tracker_stops():
         break
     assert early_stopping.stopped(losses, patience) == (
         stop, tracker.best_step - 1), patience
+
+
+def test_first_minute_big_section_reports_each_run_and_its_memory(tmp_path):
+  # A table small enough to be held in memory in all three runs.
+  env = dict(os.environ, NO_GCE_CHECK='true')
+  env.pop('XLA_FLAGS', None)
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'benchmarks', 'first_minute.py'),
+       '--sections=big', '--big_rows=4000',
+       f'--big_root={tmp_path / "tables"}'],
+      capture_output=True, text=True, env=env, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = [[c.strip() for c in line.split('|')[1:-1]]
+          for line in result.stdout.splitlines()
+          if line.startswith(('| cold', '| prepared'))]
+  assert [r[:3] for r in rows] == [['cold', '256', 'gathered on device'],
+                                   ['prepared', '256', 'gathered on device'],
+                                   ['prepared', '4096', 'gathered on device']]
+  for row in rows:
+    assert float(row[3]) > 0
+    assert all(0.1 < float(g) < 8 for g in row[4].split(' / '))
+    assert row[5].startswith('Sized to the 3200 training rows')
