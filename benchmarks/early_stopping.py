@@ -1,6 +1,7 @@
 """What early stopping would cost and save, read from runs that did not stop.
 
     python benchmarks/early_stopping.py --runs=DIR [--patiences=5,10,20]
+    python benchmarks/early_stopping.py --runs=DIR --lengths
 
 Early stopping changes nothing before it stops: a run stopped after
 `patience` evaluations without a better validation loss keeps the best step
@@ -10,6 +11,11 @@ tables.py --workdir=DIR with `eval_during_training` on), every patience can
 be read off: the step it would stop at, the best step it would keep, and
 that step's eval RMSE. The eval RMSE is read only to report the cost; the
 patience is chosen on the validation loss and the steps saved.
+
+`--lengths` reads any runs (stopped early or not) for where each found its
+best step: the step cap sizing gave it, the step it stopped at, its best
+step and that as a fraction of the cap (a best step near the cap says the
+run might have gone on improving; one far below it, that it overfits).
 
 DIR is tables.py's scratch folder: DIR/runs/<table>/<split>/workdir/.
 """
@@ -27,6 +33,8 @@ flags.DEFINE_string('runs', None, 'benchmarks/tables.py --workdir folder.',
                     required=True)
 flags.DEFINE_list('patiences', ['3', '5', '8', '10', '15', '20', '30'],
                   'Patiences to read off, in evaluations.')
+flags.DEFINE_bool('lengths', False, "Print each run's cap, stop and best "
+                  'step instead of the patience table.')
 FLAGS = flags.FLAGS
 
 
@@ -58,8 +66,29 @@ def stopped(losses: list[float], patience: int) -> tuple[int, int]:
   return len(losses) - 1, best
 
 
+def lengths(paths: list[str]) -> None:
+  """Each run's step cap, last evaluated step and best step."""
+  rows = []
+  for path in paths:
+    steps, losses, _ = read_run(path)
+    if not losses:
+      continue
+    with open(os.path.join(os.path.dirname(path), 'config.json'),
+              encoding='utf-8') as f:
+      cap = json.load(f)['num_train_steps']
+    best = steps[int(np.argmin(losses))]
+    rows.append(['/'.join(path.split(os.sep)[-4:-2]), cap, steps[-1], best,
+                 f'{best / cap:.2f}'])
+  print(markdown_table(['run', 'step cap', 'stopped at', 'best step',
+                        'best / cap'], rows))
+
+
 def main(argv: list[str]) -> None:
   del argv
+  if FLAGS.lengths:
+    lengths(sorted(glob.glob(os.path.join(FLAGS.runs, 'runs', '*', '*',
+                                          'workdir', 'metrics.jsonl'))))
+    return
   runs = sorted(glob.glob(os.path.join(FLAGS.runs, 'runs', '*', '*',
                                        'workdir', 'metrics.jsonl')))
   patiences = [int(p) for p in FLAGS.patiences]

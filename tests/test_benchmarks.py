@@ -281,6 +281,27 @@ def test_early_stopping_reads_a_patience_as_the_best_tracker_stops():
         stop, tracker.best_step - 1), patience
 
 
+def test_early_stopping_lengths_reads_each_runs_cap_stop_and_best(tmp_path):
+  workdir = tmp_path / 'runs' / 'table' / '0' / 'workdir'
+  workdir.mkdir(parents=True)
+  (workdir / 'config.json').write_text(json.dumps({'num_train_steps': 400}))
+  records = [{'step': 10 * i, 'train/loss': 1.0} for i in range(1, 4)] + [
+      {'step': 10 * i, 'val/loss': loss}
+      for i, loss in enumerate([0.9, 0.5, 0.5, 0.7], start=1)]
+  (workdir / 'metrics.jsonl').write_text(
+      ''.join(json.dumps(r) + '\n' for r in records))
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'benchmarks', 'early_stopping.py'),
+       f'--runs={tmp_path}', '--lengths'],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  row = next(line for line in result.stdout.splitlines()
+             if line.startswith('| table/0'))
+  # The first of equal losses is the best, as BestTracker keeps it.
+  assert [c.strip() for c in row.split('|')[1:-1]] == [
+      'table/0', '400', '40', '20', '0.05']
+
+
 def test_first_minute_big_section_reports_each_run_and_its_memory(tmp_path):
   # A table small enough to be held in memory in all three runs.
   env = dict(os.environ, NO_GCE_CHECK='true')
