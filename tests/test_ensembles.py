@@ -205,7 +205,7 @@ def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
   from meshfit.checkpoints import checkpointer, reading
   from meshfit.data import splits as splits_lib
   from meshfit.data.features import InputLayout  # noqa: PLC0415
-  from meshfit.model import inference  # noqa: PLC0415
+  from meshfit.model import forward, inference, selection  # noqa: PLC0415
   from meshfit.model.setup import make_setup  # noqa: PLC0415
   config, workdir, final = cross_fitted
   # A bag is both folds of one learning rate: members 0-1 and 2-3.
@@ -228,6 +228,19 @@ def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
     ckpt.close()
   network, _, ridge_part = inference.table_member_parts(setup, state, train.x_NxF,
                                                 512)
+  # The loop scores each row with the members that held it out only: what
+  # the out-of-fold choice reads of every member's parts, nothing else.
+  fold = splits.validation_fold_N
+  held = inference.held_out_member_parts(
+      setup, state, train.x_NxF, fold, 2, 512,
+      forward.jit_held_out_member_parts(setup.graphdef, setup.arch.layout,
+                                        setup.shardings, setup.mesh))
+  for whole, part in ((network, held[0]), (ridge_part, held[2])):
+    np.testing.assert_allclose(selection.out_of_fold(part, fold, 2),
+                               selection.out_of_fold(whole, fold, 2),
+                               rtol=1e-6, atol=1e-6)
+    in_fold = np.arange(4)[:, None] % 2 != fold[None]
+    assert np.isnan(part[in_fold]).all() and not np.isnan(part[~in_fold]).any()
   # Each member predicts its network blended with its ridge part, by the
   # weight step 40 chose (the same in every member).
   weight = np.asarray(state.params['ridge']['weight'])

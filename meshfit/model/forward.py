@@ -59,6 +59,17 @@ def member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
   return jax.vmap(member)(state.params)
 
 
+def held_out_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
+                          state: TrainState, x_BxF: jax.Array,
+                          members_K: jax.Array
+                          ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+  """`member_parts` of the members `members_K` (indices) alone: those that
+  held out the fold of the rows `x_BxF`, all that their out-of-fold
+  choice reads of them."""
+  params = jax.tree.map(lambda a: a[members_K], state.params)
+  return member_parts(graphdef, layout, state.replace(params=params), x_BxF)
+
+
 def mixture(graphdef: nnx.GraphDef, layout: InputLayout, state: TrainState,
             x_BxF: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(w_MxBxT, mean_MxBxT, var_MxBxT): the members' outputs and weights
@@ -157,4 +168,17 @@ def jit_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
   return jax.jit(functools.partial(member_parts, graphdef, layout),
                  in_shardings=(state_shardings,
                                sharding.batch_sharding(mesh)),
+                 out_shardings=sharding.replicated(mesh))
+
+
+def jit_held_out_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
+                              state_shardings: TrainState, mesh: Mesh
+                              ) -> Callable[[TrainState, jax.Array, jax.Array],
+                                            tuple[jax.Array, jax.Array,
+                                                  jax.Array | None]]:
+  """`held_out_member_parts` jitted once for every fold (the members are an
+  argument); replicated."""
+  return jax.jit(functools.partial(held_out_member_parts, graphdef, layout),
+                 in_shardings=(state_shardings, sharding.batch_sharding(mesh),
+                               sharding.replicated(mesh)),
                  out_shardings=sharding.replicated(mesh))

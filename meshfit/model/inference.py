@@ -58,6 +58,38 @@ def table_member_parts(setup: Setup, state: state_lib.TrainState,
                for i in range(3))
 
 
+def held_out_member_parts(setup: Setup, state: state_lib.TrainState,
+                          x_NxF: np.ndarray, fold_N: np.ndarray, folds: int,
+                          batch_size: int, step
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+  """`table_member_parts` as a cross-fitted choice reads them: row i from
+  the members that held out its fold (m % folds == fold_N[i]) alone, a
+  folds-th of the work; the other entries are NaN, which the out-of-fold
+  readers never touch (`selection.out_of_fold`).
+
+  `step` is `forward.jit_held_out_member_parts` of this set-up.
+  """
+  members, n = state.num_members, x_NxF.shape[0]
+  parts = [None, None, None]
+  for fold in range(folds):
+    rows = np.flatnonzero(fold_N == fold)
+    held = np.arange(fold, members, folds, dtype=np.int32)
+    if not len(rows) or not len(held):
+      continue
+    outputs = _over_batches(setup, x_NxF[rows], batch_size,
+                            lambda x, held=held: step(state, x, held))
+    for i in range(3):
+      if outputs[0][i] is None:
+        continue
+      part_KxRxT = np.concatenate([o[i] for o in outputs],
+                                  axis=1)[:, :len(rows)]
+      if parts[i] is None:
+        parts[i] = np.full((members, n, *part_KxRxT.shape[2:]), np.nan,
+                           part_KxRxT.dtype)
+      parts[i][held[:, None], rows[None]] = part_KxRxT
+  return tuple(parts)
+
+
 def _over_batches(setup: Setup, x_NxF: np.ndarray, batch_size: int,
                   fn: Callable[[jax.Array], tuple]) -> list[tuple]:
   """`fn` of every batch of rows (sharded, the last padded), fetched."""

@@ -40,6 +40,8 @@ class Evaluations:
                                      setup.distribution)
     self._member_step = forward.jit_member_parts(
         setup.graphdef, setup.arch.layout, setup.shardings, setup.mesh)
+    self._held_out_step = forward.jit_held_out_member_parts(
+        setup.graphdef, setup.arch.layout, setup.shardings, setup.mesh)
     self._weights = sharding.member_sharding(setup.mesh)
     self._hparams = optim.Hyperparameters.of(config)
     self.best_state = None  # a device copy of the best step's state
@@ -70,12 +72,17 @@ class Evaluations:
     weights `sweep.select` gives them (and, with ridge parts, their
     weight in the blend)."""
     validation = self._splits.validation
-    mean, var, ridge_out = inference.table_member_parts(
-        self._setup, state, validation.x_NxF, self._config.eval_batch_size,
-        self._member_step)
+    fold_N = self._splits.validation_fold_N
+    if self._folds > 1:  # each row from the members that held it out
+      mean, var, ridge_out = inference.held_out_member_parts(
+          self._setup, state, validation.x_NxF, fold_N, self._folds,
+          self._config.eval_batch_size, self._held_out_step)
+    else:
+      mean, var, ridge_out = inference.table_member_parts(
+          self._setup, state, validation.x_NxF, self._config.eval_batch_size,
+          self._member_step)
     stats = jax.device_get(state.stats)
     z = (validation.y_NxT - stats.y_mean_T) / stats.y_std_T
-    fold_N = self._splits.validation_fold_N
     previous, self.choice = self.choice, selection.choose(
         self._config.sweep.select, mean, var, z, self._setup.distribution,
         fold_N, self._folds)
