@@ -68,8 +68,9 @@ class Evaluations:
 
   def _choose(self, step: int, state: state_lib.TrainState
               ) -> state_lib.TrainState:
-    """Scores every member on the validation rows; the state with the
-    weights `sweep.select` gives them (and, with ridge parts, their
+    """Scores every member on the validation rows (cross-fitted: each row
+    by the members that held it out, all the choice reads); the state with
+    the weights `sweep.select` gives them (and, with ridge parts, their
     weight in the blend)."""
     validation = self._splits.validation
     fold_N = self._splits.validation_fold_N
