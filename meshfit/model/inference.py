@@ -76,13 +76,12 @@ def held_out_member_parts(setup: Setup, state: state_lib.TrainState,
     held = np.arange(fold, members, folds, dtype=np.int32)
     if not len(rows) or not len(held):
       continue
-    outputs = _over_batches(setup, x_NxF[rows], batch_size,
-                            lambda x, held=held: step(state, x, held))
-    for i in range(3):
-      if outputs[0][i] is None:
+    fold_parts = table_member_parts(
+        setup, state, x_NxF[rows], batch_size,
+        lambda s, x, held=held: step(s, x, held))
+    for i, part_KxRxT in enumerate(fold_parts):
+      if part_KxRxT is None:
         continue
-      part_KxRxT = np.concatenate([o[i] for o in outputs],
-                                  axis=1)[:, :len(rows)]
       if parts[i] is None:
         parts[i] = np.full((members, n, *part_KxRxT.shape[2:]), np.nan,
                            part_KxRxT.dtype)
