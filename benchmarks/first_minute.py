@@ -119,7 +119,7 @@ def small(scratch: str) -> list[list[object]]:
   return rows
 
 
-def _job(args: list[str]) -> tuple[float, list[str], list[float]]:
+def _job(args: list[str]) -> tuple[float, str, list[float]]:
   """Runs train.py `args` as 2 processes x 1 device joined on 127.0.0.1:
   (wall seconds, process 0's stderr, each process's peak RSS in GB)."""
   with socket.socket() as s:
