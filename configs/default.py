@@ -31,6 +31,9 @@ def get_config() -> ml_collections.ConfigDict:
   # csv_regression only: columns to treat as categories whatever they hold,
   # e.g. integer codes (text columns are categories anyway).
   config.dataset.categorical_columns = ()
+  # csv_regression only: a category value seen fewer times than this in the
+  # training file shares the unknown code with the values never seen.
+  config.dataset.category_min_count = 2
   # TFDS split names for training and evaluation.
   config.dataset.train_split = 'train'
   config.dataset.eval_split = 'test'

@@ -304,3 +304,23 @@ def checked_numbers(values: pd.Series, column: str, file_name: str,
         f'{file_name}, column {column!r}, data row {first_row + row + 1} '
         f'(1-based, header not counted): {problem}{more}; {fix}')
   return parsed
+
+
+def holds_lists(values: pd.Series) -> bool:
+  """Whether cells hold lists or structs (Parquet's nested types)."""
+  return values.dtype == object and bool(values.map(
+      lambda v: isinstance(v, (list, tuple, dict, np.ndarray))).any())
+
+
+def is_text(values: pd.Series) -> bool:
+  """Whether a column holds text (pandas' string dtype, or objects)."""
+  import pandas as pd  # noqa: PLC0415  (slow to import: see table_files)
+  return values.dtype == object or pd.api.types.is_string_dtype(values)
+
+
+def is_boolean_text(present: pd.Series) -> bool:
+  """Whether a column's present cells are all true or false, as text."""
+  if not is_text(present) or not len(present):
+    return False
+  lowered = {str(v).strip().lower() for v in present.unique()}
+  return lowered <= {'true', 'false'}

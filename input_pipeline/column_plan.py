@@ -10,11 +10,12 @@ input, in plan order:
   be filled and flagged on device (meshfit/data/features.py).
 - **boolean**: 1 or 0 (NaN when missing).
 - **category**: text, or integer codes named in `dataset.categorical_columns`.
-  The training file's values seen at least MIN_COUNT times form the
-  vocabulary; a cell becomes its code, 2 + its index there. A missing cell is
-  code 1 when the training file had missing cells (else 0), and anything else
-  (a value too rare in training or never seen) code 0, the unknown bucket,
-  which rare training values teach the model.
+  The training file's values seen at least `min_count` times
+  (`dataset.category_min_count`) form the vocabulary; a cell becomes its
+  code, 2 + its index there. A missing cell is code 1 when the training
+  file had missing cells (else 0), and anything else (a value too rare in
+  training or never seen) code 0, the unknown bucket, which rare training
+  values teach the model.
 - **datetime**: dates or timestamps (cells.py says which forms; or
   Parquet's own), expanded into numbers: days since 1970, year, month, day,
   weekday, day of the year, and the hour when times of day vary.
@@ -42,8 +43,8 @@ if TYPE_CHECKING:
   import pandas as pd
 
 KINDS = ('number', 'boolean', 'category', 'datetime', 'left_out')
-# A category value seen fewer times than this in training is encoded as
-# unknown: the unknown bucket then learns from the rare values.
+# A category value seen fewer times in training is unknown (the unknown
+# bucket learns from the rare values): `fit`'s default, and older plans'.
 MIN_COUNT = 2
 # Text with more distinct values than this fraction of its cells is an id
 # or free text, not a category.
@@ -103,9 +104,12 @@ class ColumnPlan:
     features: the feature columns, in the model's order (left-out ones
       included, with their reason).
     targets: the target columns' names.
+    min_count: how many training rows a category value needed to get a code
+      of its own (fewer: unknown).
   """
   features: tuple[Column, ...]
   targets: tuple[str, ...]
+  min_count: int = MIN_COUNT
 
   @property
   def used(self) -> tuple[Column, ...]:
@@ -136,7 +140,7 @@ class ColumnPlan:
     """A JSON-able description (stored in every checkpoint's meta)."""
     return {'version': PLAN_VERSION,
             'features': [dataclasses.asdict(c) for c in self.features],
-            'targets': list(self.targets)}
+            'targets': list(self.targets), 'min_count': self.min_count}
 
   @classmethod
   def from_json(cls, data: dict[str, Any]) -> ColumnPlan:
@@ -147,7 +151,8 @@ class ColumnPlan:
     features = tuple(Column(**{**c, 'vocabulary': tuple(c['vocabulary']),
                                 'parts': tuple(c['parts'])})
                      for c in data['features'])
-    return cls(features, tuple(data['targets']))
+    return cls(features, tuple(data['targets']),
+               int(data.get('min_count', MIN_COUNT)))
 
   @classmethod
   def numeric(cls, feature_names: Sequence[str],
@@ -238,7 +243,7 @@ class ColumnPlan:
 def fit(frame: pd.DataFrame, target_columns: Sequence[str],
         feature_columns: Sequence[str] = (),
         categorical_columns: Sequence[str] = (), path: str = '',
-        source: str = '') -> ColumnPlan:
+        source: str = '', min_count: int = MIN_COUNT) -> ColumnPlan:
   """Decides every column's kind from a training file.
 
   Args:
@@ -249,6 +254,7 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
     categorical_columns: integer (or any) columns to treat as categories.
     path: the file, named in messages.
     source: the setting the path came from, named in messages.
+    min_count: a category value seen fewer times is unknown to the model.
 
   Raises:
     DataError: a named column is missing, a target is not numeric, or a
@@ -265,7 +271,7 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
                                              f' named in {key}')
   for target in target_columns:
     values = frame[target]
-    if _holds_lists(values):
+    if cells.holds_lists(values):
       raise DataError(f'{name}, column {target!r} (a target) holds lists or '
                       'structs; a target must be one number per row')
     cells.checked_numbers(values, target, name, target=True)  # raises
@@ -276,14 +282,15 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
   chosen = feature_columns or [c for c in frame.columns
                                if c not in target_columns]
   columns = tuple(_fit_column(frame[c], str(c), c in categorical_columns,
-                              named=bool(feature_columns), file_name=name)
+                              named=bool(feature_columns), file_name=name,
+                              min_count=min_count)
                   for c in chosen)
   if not any(c.kind != 'left_out' for c in columns):
     raise DataError(
         f'{name} has no usable feature besides the targets '
         f'{", ".join(target_columns)}: {_left_out_text(columns)}; add a '
         'column, or name the features in dataset.feature_columns')
-  return ColumnPlan(columns, tuple(target_columns))
+  return ColumnPlan(columns, tuple(target_columns), min_count)
 
 
 def _left_out_text(columns: Sequence[Column]) -> str:
@@ -300,22 +307,18 @@ def left_out_warning(plan: ColumnPlan) -> str | None:
           'dataset.categorical_columns to use it as a category')
 
 
-def unseen_warning(unseen: dict[str, int], path: str) -> str:
-  """The warning for `encode`'s count of cells outside the vocabularies."""
+def unseen_warning(unseen: dict[str, int], path: str,
+                   min_count: int = MIN_COUNT) -> str:
+  """The warning for `encode`'s count of cells outside the vocabularies
+  (`min_count`: the plan's)."""
   return (f'{path} holds categories outside the model\'s vocabulary, read '
-          f'as unknown: values seen fewer than {MIN_COUNT} times in the '
+          f'as unknown: values seen fewer than {min_count} times in the '
           'training file (which share the unknown category) or never seen: '
           + ', '.join(f'{c} ({n} rows)' for c, n in unseen.items()))
 
 
-def _holds_lists(values: pd.Series) -> bool:
-  """Whether cells hold lists or structs (Parquet's nested types)."""
-  return values.dtype == object and bool(values.map(
-      lambda v: isinstance(v, (list, tuple, dict, np.ndarray))).any())
-
-
 def _fit_column(values: pd.Series, name: str, categorical: bool,
-                named: bool, file_name: str) -> Column:
+                named: bool, file_name: str, min_count: int) -> Column:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
   missing = values.isna()
   has_missing = bool(missing.any())
@@ -324,20 +327,21 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
     # pandas' name for an empty header: most often an index written by
     # DataFrame.to_csv, which must not become a feature.
     return Column(name, 'left_out', reason='no header: an index')
-  if _holds_lists(present):
+  if cells.holds_lists(present):
     return Column(name, 'left_out', reason='lists or structs, not one value '
                   'a cell: give each part a column of its own to use it')
   if not len(present) or (not has_missing and cells.is_constant(present)):
     # Nothing to learn from, and a value sent at prediction would meet a
     # scale fit on none: the model must not read it.
     shown = ('empty' if not len(present) else
-             repr(cells.as_text(present.iloc[0])) if _is_text(present)
+             repr(cells.as_text(present.iloc[0])) if cells.is_text(present)
              else cells.as_text(present.iloc[0]))
     return Column(name, 'left_out',
                   reason=f'{shown} in every training row: no information')
   if categorical:
-    return _category(present.map(cells.as_text), name, has_missing)
-  if pd.api.types.is_bool_dtype(values) or _is_boolean_text(present):
+    return _category(present.map(cells.as_text), name, has_missing,
+                     min_count)
+  if pd.api.types.is_bool_dtype(values) or cells.is_boolean_text(present):
     return Column(name, 'boolean', has_missing)
   if pd.api.types.is_datetime64_any_dtype(values):
     return Column(name, 'datetime', has_missing,
@@ -351,7 +355,8 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
         and pd.Series(numbers).nunique() <= MAX_LEVELS_WITH_TEXT):
       # Few numbers and text that recurs (grades 9-12 and 'other'): levels
       # of a category, not a number with typos.
-      return _category(present.map(cells.as_text), name, has_missing)
+      return _category(present.map(cells.as_text), name, has_missing,
+                       min_count)
     # Raises, naming the first cell that is text.
     cells.checked_numbers(values, name, file_name)
     return Column(name, 'number', has_missing)
@@ -371,28 +376,16 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
                     'told: write them as YYYY-MM-DD to use them')
     return Column(name, 'left_out', reason='nearly one value per row: an id '
                   'or free text')
-  return _category(text, name, has_missing)
+  return _category(text, name, has_missing, min_count)
 
 
-def _category(text: pd.Series, name: str, has_missing: bool) -> Column:
+def _category(text: pd.Series, name: str, has_missing: bool,
+              min_count: int) -> Column:
   counts = text.value_counts()
-  kept = counts[counts >= MIN_COUNT]
+  kept = counts[counts >= min_count]
   # Most frequent first; ties by value, so that the plan is reproducible.
   vocabulary = tuple(sorted(kept.index, key=lambda v: (-kept[v], v)))
   return Column(name, 'category', has_missing, vocabulary=vocabulary)
-
-
-def _is_text(values: pd.Series) -> bool:
-  """Whether a column holds text (pandas' string dtype, or objects)."""
-  import pandas as pd  # noqa: PLC0415  (see the module doc)
-  return values.dtype == object or pd.api.types.is_string_dtype(values)
-
-
-def _is_boolean_text(present: pd.Series) -> bool:
-  if not _is_text(present) or not len(present):
-    return False
-  lowered = {str(v).strip().lower() for v in present.unique()}
-  return lowered <= {'true', 'false'}
 
 
 def _parts(seconds: np.ndarray) -> tuple[str, ...]:

@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 from absl import logging
@@ -76,6 +77,7 @@ def prepared_dir(data_dir: str, key: str) -> str:
 def prepare(train_path: str | Sequence[str], eval_path: str | None,
             target_columns: Sequence[str], feature_columns: Sequence[str],
             categorical_columns: Sequence[str], data_dir: str, *,
+            category_min_count: int = column_plan.MIN_COUNT,
             process_index: int = 0, process_count: int = 1,
             barrier: Barrier | None = None,
             gather: file_keys.Gather | None = None) -> str:
@@ -93,6 +95,8 @@ def prepare(train_path: str | Sequence[str], eval_path: str | None,
     feature_columns: input columns; () means every other usable column.
     categorical_columns: columns to treat as categories whatever they hold.
     data_dir: where prepared datasets are kept; created if missing.
+    category_min_count: a category value seen fewer times in training is
+      unknown to the model.
     process_index: this process, 0..process_count - 1.
     process_count: the processes preparing together.
     barrier: waits for every process (None: a single process).
@@ -116,13 +120,16 @@ def prepare(train_path: str | Sequence[str], eval_path: str | None,
   digests, eval_digest = digests[:len(files)], b''.join(digests[len(files):])
   directory = prepared_dir(data_dir, file_keys.content_key(
       digests, eval_digest, target_columns, feature_columns,
-      categorical_columns))
+      categorical_columns, category_min_count))
   with named('dataset.data_dir'):
     if storage.exists(storage.join(directory, MANIFEST)):
       return directory
   try:
     _prepare(directory, files, eval_path, digests,
-             (target_columns, feature_columns, categorical_columns),
+             {'target_columns': target_columns,
+              'feature_columns': feature_columns,
+              'categorical_columns': categorical_columns,
+              'min_count': category_min_count},
              process_index, process_count, barrier or (lambda name: None))
   except DataError:
     # A bad file leaves nothing behind (an incomplete directory has no
@@ -145,7 +152,7 @@ def _remove(directory: str) -> None:
 
 
 def _prepare(directory: str, files: Sequence[str], eval_path: str | None,
-             digests: Sequence[bytes], selection: tuple[Sequence[str], ...],
+             digests: Sequence[bytes], selection: dict[str, Any],
              process_index: int, process_count: int, wait: Barrier) -> None:
   """`prepare`'s work, its share of it for this process."""
   sources = ('dataset.train_path', 'dataset.eval_path')
@@ -204,17 +211,18 @@ def _sample(files: Sequence[str], source: str):
 
 
 def _write_plan(directory: str, files: Sequence[str], source: str,
-                selection: tuple[Sequence[str], ...]) -> None:
+                selection: dict[str, Any]) -> None:
   frame = _sample(files, source)
   name = files[0] if len(files) == 1 else ', '.join(files)
   try:
-    plan = column_plan.fit(frame, *selection, name, source)
+    plan = column_plan.fit(frame, path=name, source=source, **selection)
   except DataError:
     if len(files) == 1:
       raise
     # Name the file and its row: fit each file's sample alone.
     for path in files:
-      column_plan.fit(_sample([path], source), *selection, path, source)
+      column_plan.fit(_sample([path], source), path=path, source=source,
+                      **selection)
     raise
   if (warning := column_plan.left_out_warning(plan)) is not None:
     logging.warning('csv_regression: %s.', warning)
@@ -263,7 +271,7 @@ def _encode_part(directory: str, plan: ColumnPlan, part: str, path: str,
                     'training' if training else 'evaluation')
   if counts['unseen'] and not training:
     logging.warning('csv_regression: %s.', column_plan.unseen_warning(
-        counts['unseen'], path))
+        counts['unseen'], path, plan.min_count))
   if not rows:
     raise DataError(f'{table_files.describe(path, source)} has no row with '
                     f'a value for {", ".join(plan.targets)}; give it rows '

@@ -131,12 +131,13 @@ def digests(paths: Sequence[str], sources: Sequence[str], process_index: int,
 def content_key(train_digests: Sequence[bytes], eval_digest: bytes,
                 target_columns: Sequence[str],
                 feature_columns: Sequence[str],
-                categorical_columns: Sequence[str] = ()) -> str:
+                categorical_columns: Sequence[str] = (),
+                category_min_count: int = 2) -> str:
   """The prepared dataset's name for these files' contents and selection."""
   digest = hashlib.sha256()
   selection = json.dumps([_KEY_SCHEMA, list(target_columns),
                           list(feature_columns), list(categorical_columns),
-                          len(train_digests)])
+                          len(train_digests), category_min_count])
   for part in (selection.encode(), *train_digests, eval_digest):
     # Length prefixes: no two different inputs concatenate to the same bytes.
     digest.update(len(part).to_bytes(8, 'little'))

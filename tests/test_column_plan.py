@@ -105,6 +105,29 @@ def test_unseen_and_rare_categories_are_unknown():
   assert unseen == {'city': 2}
 
 
+def test_the_min_count_decides_which_values_get_a_code_and_is_kept():
+  frame = _table()
+  frame['city'] = ['paris'] * (N - 7) + ['lima'] * 4 + ['rome'] * 3
+  plan = _fit(frame, min_count=4)
+  city = next(c for c in plan.features if c.name == 'city')
+  assert city.vocabulary == ('paris', 'lima')  # rome, 3 rows: unknown
+  x_NxI, unseen = plan.encode(frame.iloc[-4:], 'new.csv')
+  assert x_NxI[:, plan.input_names.index('city')].tolist() == [
+      column_plan.FIRST_VALUE_CODE + 1] + [column_plan.UNKNOWN_CODE] * 3
+  assert unseen == {'city': 3}
+  # Stored with the model, so that predict's warning tells the same count.
+  assert ColumnPlan.from_json(plan.to_json()).min_count == 4
+  assert 'fewer than 4 times' in column_plan.unseen_warning(
+      unseen, 'new.csv', plan.min_count)
+  # A plan saved before the count was stored read as the count it used.
+  old = plan.to_json()
+  del old['min_count']
+  assert ColumnPlan.from_json(old).min_count == column_plan.MIN_COUNT == 2
+  every = _fit(frame, min_count=1)
+  assert next(c for c in every.features if c.name == 'city').vocabulary == (
+      'paris', 'lima', 'rome')
+
+
 def test_a_missing_category_unseen_in_training_is_unknown():
   frame = _table()
   frame['city'] = frame['city'].fillna('rome')

@@ -50,6 +50,15 @@ def test_column_selection_is_checked():
     config_lib.check_column_selection(('y',), ('a', 'a'))
 
 
+@pytest.mark.parametrize('count', [0, -1, 2.5, '3'])
+def test_category_min_count_must_be_a_positive_integer(count):
+  raw = default.get_config().to_dict()
+  raw['dataset']['category_min_count'] = count
+  with pytest.raises(UsageError, match='category_min_count=.* must be a '
+                     'positive integer'):
+    config_lib.parse(raw)
+
+
 def test_model_axis_must_stay_within_a_process():
   config = default.get_config()
   config.mesh.data, config.mesh.model = 2, 4

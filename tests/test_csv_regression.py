@@ -221,8 +221,10 @@ def test_content_key_depends_on_contents_and_selection_only():
       file_keys.content_key([a], b, ('y',), ('a',)),
       # The same files, split differently into training files.
       file_keys.content_key([a, b], b, ('y',), ()),
+      # Another category_min_count: another plan.
+      file_keys.content_key([a], b, ('y',), (), (), 5),
   }
-  assert key not in others and len(others) == 4
+  assert key not in others and len(others) == 5
 
 
 def _train_py(*args: str) -> subprocess.CompletedProcess:

@@ -144,6 +144,11 @@ def _check_dataset(dataset: DatasetConfig) -> None:
            and dataset.resident_table_mb >= 0,
            f'dataset.resident_table_mb={dataset.resident_table_mb!r} must be '
            'an integer >= 0')
+  _require(_is_int(dataset.category_min_count)
+           and dataset.category_min_count >= 1,
+           f'dataset.category_min_count={dataset.category_min_count!r} must '
+           'be a positive integer: how many training rows a category value '
+           'needs to get a code of its own (1: every value seen)')
   for key in ('data_dir', 'train_path', 'eval_path'):
     _check_path(f'dataset.{key}', getattr(dataset, key))
   if dataset.name != csv_regression.NAME:

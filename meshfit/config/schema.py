@@ -23,6 +23,7 @@ class DatasetConfig:
   target_columns: tuple[str, ...]
   feature_columns: tuple[str, ...]
   categorical_columns: tuple[str, ...]
+  category_min_count: int
   train_split: str
   eval_split: str
   standardize: bool

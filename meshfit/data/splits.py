@@ -117,6 +117,7 @@ def _prepare(dataset: DatasetConfig) -> str:
                                                  'dataset.eval_path'),
         dataset.target_columns, dataset.feature_columns,
         dataset.categorical_columns, data_dir,
+        category_min_count=dataset.category_min_count,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
         barrier=_barrier if jax.process_count() > 1 else None,
@@ -318,5 +319,6 @@ def load_eval_split(dataset: DatasetConfig,
                     'the evaluation.', int((~keep).sum()), len(frame), path,
                     ' or '.join(plan.targets))
   if unseen:
-    logging.warning('%s', column_plan.unseen_warning(unseen, path))
+    logging.warning('%s', column_plan.unseen_warning(unseen, path,
+                                                     plan.min_count))
   return Table(x_NxF[keep], y_NxT[keep], plan)

@@ -89,7 +89,8 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
     frame = table_files.read_frame(input_path, '--input')
     x_NxF, unseen = plan.encode(frame, input_path, '--input')
     if unseen:
-      logging.warning('%s', column_plan.unseen_warning(unseen, input_path))
+      logging.warning('%s', column_plan.unseen_warning(unseen, input_path,
+                                                       plan.min_count))
     keep = (table_files.pass_through(frame, keep_columns, input_path,
                                      '--input') if keep_columns else None)
     setup, state = saved.restore(config)
