@@ -49,7 +49,10 @@ def get_config() -> ml_collections.ConfigDict:
   # decay and the best step regularise instead.
   config.model.dropout_rate = 0.0
   config.optimizer.name = 'adamw'
-  config.optimizer.learning_rate = 1e-3
+  # 2e-3 rather than 1e-3: on the validation rows of both suites the tables
+  # that reach their step cap get further (weather 0.85x the loss) and the
+  # others are unchanged on the whole; 5e-4 was worse (docs/tables.md).
+  config.optimizer.learning_rate = 2e-3
   config.optimizer.schedule = 'warmup_cosine'
   config.optimizer.warmup_steps = 0
   config.optimizer.weight_decay = 1e-4
