@@ -475,7 +475,9 @@ def fit_boosted_trees(x: pd.DataFrame, y: np.ndarray, x_test: pd.DataFrame,
   start = time.time()
   as_text = {c: (lambda f, c=c: f[c].astype(object).where(
       f[c].notna(), '<missing>').astype(str)) for c in kept}
-  model = catboost.CatBoostRegressor(random_seed=0, verbose=False)
+  # No catboost_info/ folder of training logs in the working directory.
+  model = catboost.CatBoostRegressor(random_seed=0, verbose=False,
+                                     allow_writing_files=False)
   model.fit(x.assign(**{c: f(x) for c, f in as_text.items()}), y,
             cat_features=kept)
   prediction = model.predict(
