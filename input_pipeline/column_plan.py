@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 KINDS = ('number', 'boolean', 'category', 'datetime', 'left_out')
 # A category value seen fewer times in training is unknown (the unknown
 # bucket learns from the rare values): `fit`'s default, and older plans'.
+# Text in a mostly numeric column recurs when seen this often.
 MIN_COUNT = 2
 # Text with more distinct values than this fraction of its cells is an id
 # or free text, not a category.

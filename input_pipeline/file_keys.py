@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 import storage
-from input_pipeline import table_files
+from input_pipeline import column_plan, table_files
 from input_pipeline.errors import DataError
 from input_pipeline.paths import named
 from storage import gcs  # the metadata of an object, for its key
@@ -132,7 +132,7 @@ def content_key(train_digests: Sequence[bytes], eval_digest: bytes,
                 target_columns: Sequence[str],
                 feature_columns: Sequence[str],
                 categorical_columns: Sequence[str] = (),
-                category_min_count: int = 2) -> str:
+                category_min_count: int = column_plan.MIN_COUNT) -> str:
   """The prepared dataset's name for these files' contents and selection."""
   digest = hashlib.sha256()
   selection = json.dumps([_KEY_SCHEMA, list(target_columns),
