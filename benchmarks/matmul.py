@@ -14,7 +14,7 @@ Sections:
   formulations  the table above, in this process
   torch         PyTorch's matmuls at the same shapes (if torch is installed)
   step          the large model's Adam step beside its matmuls alone, float32
-                and bfloat16 (models/mlp.py's matmul): the bound that the
+                and bfloat16 (models/low_precision.py's matmul): the bound that the
                 rest of the step puts on the bfloat16 speed-up (Amdahl)
   flags         the 2048 layer's matmuls under XLA_FLAGS variants, each in
                 fresh processes (flags are read once per process)
@@ -55,7 +55,7 @@ import optax  # noqa: E402
 from jax import lax  # noqa: E402
 
 from bench_common import markdown_table, mlp_loss  # noqa: E402
-from models import mlp  # noqa: E402
+from models import low_precision  # noqa: E402
 
 SECTIONS = ('formulations', 'torch', 'step', 'flags', 'isa')
 BATCH = 2048
@@ -110,9 +110,9 @@ def _t_barrier(a_NxM: jax.Array) -> jax.Array:
   return lax.optimization_barrier(a_NxM.T)
 
 
-# a^T as models/mlp.py writes it for the weight gradient: a split of the
+# a^T as models/low_precision.py writes it for the weight gradient: a split of the
 # rows in two, a 3-D transpose and a merge, which XLA lays out row-major.
-_t_split = mlp.transposed_copy
+_t_split = low_precision.transposed_copy
 
 
 def _batched_halves(x_BxI: jax.Array, g_BxO: jax.Array) -> jax.Array:
@@ -342,13 +342,13 @@ def _plain_matmul(x_BxI: jax.Array, w_IxO: jax.Array) -> jax.Array:
 
 
 def _matmul_bf16(x_BxI: jax.Array, w_IxO: jax.Array) -> jax.Array:
-  return mlp.low_precision_matmul(x_BxI, w_IxO, jnp.dtype(jnp.bfloat16))
+  return low_precision.low_precision_matmul(x_BxI, w_IxO, jnp.dtype(jnp.bfloat16))
 
 
 def _step_matmuls(operands: Sequence[Operands], bf16: bool) -> list:
   """The 11 matmuls of a step, as the step writes them, on ready operands.
 
-  float32: jax.grad's forms; bfloat16: models/mlp.py's (the features get no
+  float32: jax.grad's forms; bfloat16: models/low_precision.py's (the features get no
   gradient, so the first layer has no dx).
   """
   out = []
@@ -357,7 +357,7 @@ def _step_matmuls(operands: Sequence[Operands], bf16: bool) -> list:
     out.append(_dot(x, w, 1, 0))
     if i:
       out.append(_dot(g, w, 1, 1))
-    out.append(_dot(mlp.transposed_copy(x), g, 1, 0) if bf16
+    out.append(_dot(low_precision.transposed_copy(x), g, 1, 0) if bf16
                else _dot(x, g, 0, 0))
   return out
 

@@ -91,7 +91,7 @@ from meshfit.parallel import in_flight, sharding
 from meshfit.train import call_plan, loop
 from meshfit.data.features import FeatureStats, InputLayout  # noqa: E402
 from meshfit.model.setup import make_setup  # noqa: E402
-from models import mlp  # noqa: E402
+from models import low_precision, mlp  # noqa: E402
 
 SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
             'norm', 'first_step', 'members')
@@ -377,10 +377,10 @@ def _init_mlp(size: Size, seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
 
 def _matmul(dtype: jnp.dtype, low_precision_grads: bool):
   """A dense layer's `x @ w` in `dtype`, accumulated in float32; with
-  `low_precision_grads`, models/mlp.py's (its backward dots in `dtype` too,
+  `low_precision_grads`, models/low_precision.py's (its backward dots in `dtype` too,
   the weight gradient's in the form XLA:CPU keeps bfloat16)."""
   if low_precision_grads:
-    return functools.partial(mlp.low_precision_matmul, dtype=dtype)
+    return functools.partial(low_precision.low_precision_matmul, dtype=dtype)
   return lambda h, w: jax.lax.dot(h.astype(dtype), w.astype(dtype),
                                   preferred_element_type=jnp.float32)
 

@@ -18,7 +18,7 @@ from meshfit.errors import UsageError
 from meshfit.model import optim, state as state_lib
 from meshfit.model.setup import make_setup
 from meshfit.parallel import sharding
-from models import mlp, ridge as ridge_model
+from models import low_precision, mlp, ridge as ridge_model
 from models.mlp import Mlp
 
 
@@ -123,7 +123,7 @@ def _relative_error(actual: jax.Array, expected: jax.Array) -> float:
 @pytest.mark.parametrize('shape', [(8, 6), (7, 6), (6, 7), (7, 5), (1, 4)])
 def test_transposed_copy_is_the_transpose(shape):
   a_NxM = jnp.arange(np.prod(shape), dtype=jnp.float32).reshape(shape)
-  np.testing.assert_array_equal(jax.jit(mlp.transposed_copy)(a_NxM), a_NxM.T)
+  np.testing.assert_array_equal(jax.jit(low_precision.transposed_copy)(a_NxM), a_NxM.T)
 
 
 # Even and odd batches and widths take the three forms of transposed_copy.
@@ -139,7 +139,7 @@ def test_low_precision_matmul_gradients_match_float32(b, i, o, kernel_dtype):
   def loss(matmul, x_BxI, kernel_IxO):
     return jnp.sum(matmul(x_BxI, kernel_IxO) * g_BxO)
 
-  bf16 = lambda x, k: mlp.low_precision_matmul(x, k, jnp.bfloat16)  # noqa: E731
+  bf16 = lambda x, k: low_precision.low_precision_matmul(x, k, jnp.bfloat16)  # noqa: E731
   f32 = lambda x, k: x @ k.astype(jnp.float32)  # noqa: E731
   dx, dkernel = jax.jit(jax.grad(functools.partial(loss, bf16),
                                  argnums=(0, 1)))(x_BxI, kernel_IxO)
