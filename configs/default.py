@@ -95,6 +95,11 @@ def get_config() -> ml_collections.ConfigDict:
   # A category with at most this many codes (its values plus the unknown and
   # missing codes) enters one-hot instead of embedded; 0: all embedded.
   config.model.category_onehot_max = 0
+  # Cross-fitted members train on different rows: a member reads a category
+  # value as unknown unless its own training rows hold it at least this
+  # often, so that no member scores rows with an embedding it never trained.
+  # 0: every member reads every value of the vocabulary.
+  config.model.category_member_min_count = 0
   # Each member also holds a ridge regression of its encoded inputs
   # (numbers, missing flags, categories one-hot), fitted in closed form on
   # its training rows, and predicts a blend of it and the network, the

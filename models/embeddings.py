@@ -97,3 +97,34 @@ class CategoryEmbedding(nnx.Module):
     rows_BxC = codes_BxC + jnp.asarray(self.offsets, codes_BxC.dtype)[None]
     vectors_BxCxD = jnp.take(self.table[...], rows_BxC, axis=0)
     return vectors_BxCxD.astype(jnp.float32).reshape(codes_BxC.shape[0], -1)
+
+
+class MemberVocabulary(nnx.Module):
+  """Which category codes a member uses; the others it reads as unknown.
+
+  Cross-fitted members train on different rows, so a value rare in the
+  table may be absent from (or too rare in) one member's training rows: its
+  embedding there is the random initialisation, which would then score the
+  member's validation rows and move its predictions. `known` (1 or 0 per
+  code, all columns in one table as in CategoryEmbedding) is set before the
+  first step from the member's own training rows
+  (meshfit/model/vocabulary_fit.py) and never trained; a code it does not
+  know becomes the column's unknown code, which that member did train on
+  its rare values. It starts at 1 everywhere: every code known.
+  """
+
+  def __init__(self, sizes: tuple[int, ...]):
+    self.offsets = tuple(int(o) for o in np.cumsum((0,) + sizes[:-1]))
+    rows = -(-sum(sizes) // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
+    # Ones need no key: the network's initialisation stays as it is.
+    self.known = nnx.Param(nnx.with_partitioning(
+        nnx.initializers.ones_init(), (VOCAB_AXIS,))(
+            jax.random.key(0), (rows,), jnp.float32))
+
+  def __call__(self, codes_BxC: jax.Array) -> jax.Array:
+    """The codes with those this member does not know replaced by 0, the
+    unknown code (column_plan.UNKNOWN_CODE)."""
+    rows_BxC = codes_BxC + jnp.asarray(self.offsets, codes_BxC.dtype)[None]
+    known_V = jax.lax.stop_gradient(self.known[...])
+    known_BxC = jnp.take(known_V, rows_BxC) > 0.5
+    return jnp.where(known_BxC, codes_BxC, 0)

@@ -24,8 +24,10 @@ EMBED_AXIS = embeddings.EMBED_AXIS  # a feature dimension kept whole
 HIDDEN_AXIS = 'mlp'  # a hidden dimension split over the model-parallel axis
 OUT_AXIS = ridge.OUT_AXIS  # the regression targets
 # The fitted ridge part's name among a member's parameters (`Mlp.ridge`):
-# the optimizer leaves it out (meshfit/model/optim.py).
+# the optimizer leaves it out (meshfit/model/optim.py), as it does the
+# member's vocabulary (`Mlp.vocabulary`), set before training too.
 FITTED = 'ridge'
+VOCABULARY = 'vocabulary'
 
 ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     'relu': jax.nn.relu,
@@ -71,6 +73,9 @@ class MlpConfig:
     category_onehot_max: a category with at most this many codes (its
       values, unknown and missing) enters one-hot instead of through a
       learned embedding (0: every category is embedded).
+    category_member_min_count: a member reads a category code as unknown
+      unless its own training rows hold it this often
+      (`embeddings.MemberVocabulary`); 0: every member reads every code.
     ridge_blend: each member also holds a linear model of its encoded
       inputs (`models/ridge.py`), fitted in closed form, and predicts a
       blend of the two whose weight is chosen on validation rows
@@ -92,6 +97,7 @@ class MlpConfig:
   numeric_embedding_dim: int
   category_embedding_dim: int
   category_onehot_max: int
+  category_member_min_count: int
   ridge_blend: bool
   ensemble_size: int
   likelihood: str
@@ -221,6 +227,9 @@ class Mlp(nnx.Module):
     # measured in docs/tables.md.
     self.onehot, self.embedded = inputs.split_categories(config)
     self.onehot_sizes = tuple(inputs.category_sizes[c] for c in self.onehot)
+    self.vocabulary = (embeddings.MemberVocabulary(inputs.category_sizes)
+                       if config.category_member_min_count
+                       and inputs.category_sizes else None)
     self.categories = (embeddings.CategoryEmbedding(
         tuple(inputs.category_sizes[c] for c in self.embedded),
         config.category_embedding_dim, param_dtype=param_dtype, rngs=rngs)
@@ -289,6 +298,8 @@ class Mlp(nnx.Module):
       parts.append(raw_BxR)
     if missing_BxM is not None and missing_BxM.shape[1]:
       parts.append(missing_BxM)
+    if self.vocabulary is not None:
+      codes_BxC = self.vocabulary(codes_BxC)
     parts.extend(jax.nn.one_hot(codes_BxC[:, c], n, dtype=jnp.float32)
                  for c, n in zip(self.onehot, self.onehot_sizes))
     if self.categories is not None:

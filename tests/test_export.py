@@ -102,8 +102,9 @@ def _train_synthetic(tmp, data_dir: str) -> str:
 
 
 def _train_mixed(tmp) -> str:
-  """A table as they come: a number with missing cells, a category, a
-  boolean and a date; its eval file adds a category never seen."""
+  """A table as they come: a number with missing cells, a category (one
+  value in two rows), a boolean and a date; its eval file adds a category
+  never seen."""
   rng = np.random.default_rng(3)
   n = 160
   frame = pd.DataFrame({
@@ -116,8 +117,12 @@ def _train_mixed(tmp) -> str:
                     + rng.normal(0, 5, n))
   frame.loc[[3, 30], 'area'] = np.nan
   frame.loc[7, 'city'] = None
+  # Two rows: a value some members read as unknown (their vocabularies go
+  # into the artifacts too).
+  frame.loc[[10, 11], 'city'] = 'bergen'
   evaluation = frame.iloc[120:].copy()
   evaluation.loc[125, 'city'] = 'lima'
+  evaluation.loc[128, 'city'] = 'bergen'
   evaluation.loc[126, 'area'] = np.nan
   evaluation.loc[127, 'sold'] = None
   frame.iloc[:120].to_csv(tmp / 'mixed_train.csv', index=False)
@@ -284,7 +289,7 @@ def test_the_jax_export_artifact_takes_the_column_plans_inputs(runs):
                    'new': ('boolean', 'float32'),
                    'sold': ('datetime', 'string')}
   city = next(f for f in card['features'] if f['name'] == 'city')
-  assert sorted(city['vocabulary']) == ['oslo', 'paris', 'rome']
+  assert sorted(city['vocabulary']) == ['bergen', 'oslo', 'paris', 'rome']
 
 
 def _meta(workdir) -> dict:

@@ -75,6 +75,10 @@ def _table(bucket_dir: str) -> list[str]:
   x = rng.normal(size=(3000, 4))
   frame = pd.DataFrame({f'x{i}': x[:, i] for i in range(4)})
   frame['kind'] = np.where(x[:, 3] > 0, 'up', 'down')
+  # Values a few rows hold: the members count their vocabularies on every
+  # process alike (model.category_member_min_count below).
+  frame['shop'] = rng.choice(['a', 'b', 'c'], 3000)
+  frame.loc[:7, 'shop'] = ['q0', 'q0', 'q1', 'q1', 'q1', 'q2', 'q2', 'q3']
   frame['y'] = np.sin(x[:, 0]) + x[:, 1] * x[:, 2]
   for i, rows in enumerate(np.array_split(np.arange(2500), 2)):
     with storage.open(f'{bucket_dir}/table/train-{i}.parquet', 'wb') as f:
@@ -89,6 +93,7 @@ def _table(bucket_dir: str) -> list[str]:
           '--config.dataset.validation_fraction=0.1',
           '--config.num_train_steps=300', '--config.model.hidden_sizes=(32,32)',
           '--config.model.ensemble_size=2', '--config.mesh.members=2',
+          '--config.model.category_member_min_count=2',
           '--config.batch_size=64', '--config.log_every_steps=10',
           '--config.eval_every_steps=50', '--config.checkpoint_every_steps=20']
 

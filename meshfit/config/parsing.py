@@ -246,10 +246,10 @@ def _check_model(model: MlpConfig) -> None:
     value = getattr(model, key)
     _require(_is_int(value) and value > 0,
              f'model.{key}={value!r} must be a positive integer')
-  _require(_is_int(model.category_onehot_max)
-           and model.category_onehot_max >= 0,
-           f'model.category_onehot_max={model.category_onehot_max!r} must be '
-           'a non-negative integer')
+  for key in ('category_onehot_max', 'category_member_min_count'):
+    value = getattr(model, key)
+    _require(_is_int(value) and value >= 0,
+             f'model.{key}={value!r} must be a non-negative integer')
   _require(model.likelihood in LIKELIHOODS,
            f'model.likelihood {model.likelihood!r} is unknown; use one of '
            f'{", ".join(LIKELIHOODS)}')

@@ -16,7 +16,7 @@ import optax
 from flax import struct
 
 from meshfit.config import Config, OptimizerConfig
-from models.mlp import FITTED
+from models.mlp import FITTED, VOCABULARY
 
 
 @struct.dataclass
@@ -95,10 +95,11 @@ def learning_rate_schedule(opt: OptimizerConfig, num_train_steps: int,
 
 def trained(params: Any) -> Any:
   """True for every parameter the optimizer trains: all but a fitted ridge
-  part's (models/ridge.py), which training never changes (its gradient is
-  zero, and weight decay must not shrink it either)."""
+  part's (models/ridge.py) and a member's vocabulary, which training never
+  changes (their gradient is zero, and weight decay must not shrink them
+  either)."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: not any(getattr(k, 'key', None) == FITTED
+      lambda path, _: not any(getattr(k, 'key', None) in (FITTED, VOCABULARY)
                               for k in path), params)
 
 
@@ -113,8 +114,8 @@ def make_optimizer(opt: OptimizerConfig, num_train_steps: int,
     num_train_steps: the run's length.
     learning_rate: a member's peak learning rate; default the config's.
     weight_decay: a member's weight decay (adamw); default the config's.
-    fitted: the parameters hold a fitted ridge part, left out of the
-      weight decay (`trained`).
+    fitted: the parameters hold a fitted ridge part or member
+      vocabulary, left out of the weight decay (`trained`).
   """
   lr = learning_rate_schedule(opt, num_train_steps, learning_rate)
   decay = opt.weight_decay if weight_decay is None else weight_decay

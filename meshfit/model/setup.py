@@ -56,7 +56,8 @@ def make_setup(config: Config, layout: InputLayout, num_targets: int,
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.model,
                               members=config.mesh.members)
   arch = state_lib.Architecture(config.model, layout, num_targets)
-  fitted = config.model.ridge_blend
+  fitted = (config.model.ridge_blend
+            or config.model.category_member_min_count > 0)
   tx = optim.make_optimizer(config.optimizer, config.num_train_steps,
                             fitted=fitted)
   member_tx = functools.partial(optim.member_optimizer, config.optimizer,

@@ -25,7 +25,8 @@ from meshfit.config import Config
 from meshfit.data import feeding, splits as splits_lib
 from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.errors import UsageError
-from meshfit.model import optim, ridge_fit, state as state_lib, steps
+from meshfit.model import (optim, ridge_fit, state as state_lib, steps,
+                           vocabulary_fit)
 from meshfit.model.setup import Setup, make_setup
 from meshfit.parallel import compilation_cache, sharding
 from meshfit.report import plots, progress, writers
@@ -163,6 +164,9 @@ def _restore_or_init(config: Config, setup: Setup,
                                        optim.Hyperparameters.of(config))
   if config.model.ridge_blend:
     state = ridge_fit.fit_into(state, setup, splits)
+  if mlp.VOCABULARY in state.params:
+    state = vocabulary_fit.fit_into(state, setup, splits,
+                                    config.model.category_member_min_count)
   return state, 0, BestTracker(config.early_stopping_evals)
 
 
