@@ -131,6 +131,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.warmup_steps = 200
   # Final learning rate as a fraction of the peak (warmup_cosine only).
   config.optimizer.end_learning_rate_factor = 0.01
+  # warmup_cosine: the cosine decay after the warmup repeats this many
+  # times, each cycle over an equal share of the steps (restarting at the
+  # peak); 1 is a single decay over the run.
+  config.optimizer.cosine_cycles = 1
   # Decoupled weight decay (adamw only).
   config.optimizer.weight_decay = 1e-4
   # Momentum for sgd; 0 is plain SGD.

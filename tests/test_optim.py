@@ -41,3 +41,19 @@ def test_a_warmup_rises_then_decays():
   rates = np.asarray([schedule(s) for s in range(101)])
   assert rates[0] == 0 and rates[10] == 1.0
   assert np.all(np.diff(rates[:11]) > 0) and np.all(np.diff(rates[10:]) < 0)
+
+
+def test_cosine_cycles_repeat_the_decay_after_the_warmup():
+  config = default.get_config()
+  config.optimizer.warmup_steps = 20
+  config.optimizer.cosine_cycles = 4
+  opt = config_lib.parse(config).optimizer
+  schedule = jax.jit(jax.vmap(optim.learning_rate_schedule(opt, 420, 2.0)))
+  rates = np.asarray(schedule(np.arange(420, dtype=np.int32)))
+  np.testing.assert_allclose(rates[:21], np.arange(21) / 20 * 2.0, rtol=1e-6)
+  one = optax.cosine_decay_schedule(2.0, 100,
+                                    alpha=opt.end_learning_rate_factor)
+  single = np.asarray([one(s) for s in range(100)])
+  for k in range(4):  # each cycle is one cosine decay of 100 steps
+    np.testing.assert_allclose(rates[20 + 100 * k:120 + 100 * k], single,
+                               rtol=1e-5)

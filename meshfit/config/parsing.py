@@ -324,6 +324,9 @@ def _check_optimizer(opt: OptimizerConfig) -> None:
            f'optimizer.learning_rate={opt.learning_rate} must be positive')
   _require(_is_int(opt.warmup_steps) and opt.warmup_steps >= 0,
            f'optimizer.warmup_steps={opt.warmup_steps} must be >= 0')
+  _require(_is_int(opt.cosine_cycles) and opt.cosine_cycles >= 1,
+           f'optimizer.cosine_cycles={opt.cosine_cycles!r} must be a '
+           'positive integer')
   _require(_is_number(opt.end_learning_rate_factor)
            and 0.0 <= opt.end_learning_rate_factor <= 1.0,
            'optimizer.end_learning_rate_factor='

@@ -42,6 +42,7 @@ class OptimizerConfig:
   schedule: str
   warmup_steps: int
   end_learning_rate_factor: float
+  cosine_cycles: int
   weight_decay: float
   momentum: float
   grad_clip_norm: float

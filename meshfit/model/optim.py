@@ -79,6 +79,8 @@ def learning_rate_schedule(opt: OptimizerConfig, num_train_steps: int,
     return lambda count: jnp.asarray(peak, jnp.float32) * jnp.ones_like(
         count, jnp.float32)
   warmup = min(opt.warmup_steps, num_train_steps)  # 'warmup_cosine'
+  if opt.cosine_cycles > 1:
+    return _cosine_cycles(opt, num_train_steps, warmup, peak)
   if not warmup:
     # The same values as optax's warmup_cosine with 0 warmup steps, whose
     # empty linear part logs a 'non-positive transition_steps' notice.
@@ -91,6 +93,25 @@ def learning_rate_schedule(opt: OptimizerConfig, num_train_steps: int,
       decay_steps=max(num_train_steps, warmup + 1),
       end_value=opt.end_learning_rate_factor)
   return lambda count: unit(count) * peak
+
+
+def _cosine_cycles(opt: OptimizerConfig, num_train_steps: int, warmup: int,
+                   peak: float | jax.Array) -> optax.Schedule:
+  """Linear warmup, then `opt.cosine_cycles` cosine decays from the peak
+  to its end factor, each over an equal share of the steps left (SGDR,
+  Loshchilov & Hutter 2017, without the growing cycles): every cycle's end
+  is a low-learning-rate point for the best step to land on, where one
+  long cosine leaves a run that stops early at nearly its peak rate."""
+  cycle = max((num_train_steps - warmup) // opt.cosine_cycles, 1)
+  end = opt.end_learning_rate_factor
+
+  def schedule(count):
+    count = jnp.asarray(count, jnp.float32)
+    phase = jnp.mod(jnp.maximum(count - warmup, 0.0), cycle) / cycle
+    unit = end + (1.0 - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * phase))
+    ramp = count / max(warmup, 1)
+    return jnp.where(count < warmup, ramp, unit) * peak
+  return schedule
 
 
 def trained(params: Any) -> Any:
