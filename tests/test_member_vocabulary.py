@@ -73,6 +73,30 @@ def test_held_out_rows_count_for_no_member():
   assert (counts_MxV[0] < _direct_counts(table.x_NxF)).any()
 
 
+def test_a_streamed_table_is_not_read_again_to_count(tmp_path):
+  from input_pipeline import store  # noqa: PLC0415
+  layout, table = _table(2)
+  rows = np.concatenate([table.x_NxF, table.y_NxT], axis=1)
+  store.write_part(str(tmp_path / 'part-0'), [rows], rows.shape[1])
+  streamed = store.Store(str(tmp_path), [store.Part('part-0', N)],
+                         table.plan)
+  rest, held = splits_lib.hold_out(streamed, 0.3, seed=0)
+  splits = splits_lib.Splits(streamed, None, validation=held,
+                             train_blocks=rest)
+  assert vocabulary_fit.member_counts(layout, splits, 2) is None
+  raw = default.get_config()
+  raw.model.hidden_sizes = (8,)
+  raw.model.ensemble_size = 2
+  raw.model.category_member_min_count = 2
+  config = config_lib.parse(raw)
+  setup = make_setup(config, layout, 1)
+  stats = FeatureStats.fit(layout, table.x_NxF, table.y_NxT)
+  state = state_lib.create_train_state(setup.arch, setup.tx, setup.mesh, 0,
+                                       stats, optim.Hyperparameters.of(config))
+  fitted = vocabulary_fit.fit_into(state, setup, splits, 2)
+  assert jax.device_get(fitted.params[mlp.VOCABULARY]['known']).all()
+
+
 def test_fit_into_sets_each_members_vocabulary_and_nothing_else():
   layout, table = _table()
   splits = splits_lib.cross_fit(splits_lib.Splits(table, table), 3, seed=0,

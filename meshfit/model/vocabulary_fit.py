@@ -14,6 +14,9 @@ as the column's unknown code, which it trains on its own rare values.
 
 With held-out rows instead of folds every member trains on the same rows,
 and the same count keeps out the values that only the held-out rows hold.
+A table streamed from disk is not counted: that would read it all once
+more before the first step, to find values whose every row fell among the
+few held out of millions; every member reads every code of the plan.
 """
 
 import jax
@@ -22,15 +25,12 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from input_pipeline.column_plan import UNKNOWN_CODE
+from input_pipeline.tables import Table
 from meshfit.data import splits as splits_lib
 from meshfit.data.features import InputLayout
 from meshfit.model.setup import Setup
 from meshfit.model.state import TrainState
 from models import mlp
-
-# Blocks of a streamed training table read at a time while counting.
-_READ_BLOCKS = 64
-
 
 def _offsets(layout: InputLayout) -> np.ndarray:
   return np.cumsum((0,) + layout.category_sizes[:-1]).astype(np.int64)
@@ -45,20 +45,18 @@ def code_counts(layout: InputLayout, x_NxF: np.ndarray) -> np.ndarray:
 
 
 def member_counts(layout: InputLayout, splits: splits_lib.Splits,
-                  members: int) -> np.ndarray:
-  """M x V: how many of member m's training rows hold each code."""
+                  members: int) -> np.ndarray | None:
+  """M x V: how many of member m's training rows hold each code; None for
+  a streamed table (not counted)."""
   if splits.folds:
     validation, fold_N = splits.validation, splits.validation_fold_N
     per_fold = np.stack([code_counts(layout, validation.x_NxF[fold_N == f])
                          for f in range(len(splits.folds))])
     held = np.arange(members) % len(splits.folds)
     return per_fold.sum(axis=0)[None] - per_fold[held]
-  blocks = splits.blocks
-  total = np.zeros(sum(layout.category_sizes), np.int64)
-  for start in range(0, len(blocks), _READ_BLOCKS):
-    part = blocks.take(np.arange(start, min(start + _READ_BLOCKS,
-                                            len(blocks))))
-    total += code_counts(layout, splits_lib.rows_of(splits.train, part).x_NxF)
+  if not isinstance(splits.train, Table):
+    return None
+  total = code_counts(layout, splits.train.x_NxF[splits.blocks.rows()])
   return np.broadcast_to(total, (members, len(total)))
 
 
@@ -75,11 +73,15 @@ def fit_into(state: TrainState, setup: Setup, splits: splits_lib.Splits,
              min_count: int) -> TrainState:
   """`state` (a fresh one) with every member's vocabulary set.
 
-  Process 0's counts are broadcast, so that every process holds one value
-  whatever share of the rows it read.
+  Process 0's counts are broadcast, so that every process holds the same
+  values whatever its own copy of the rows.
   """
   layout, members = setup.arch.layout, setup.arch.num_members
   counts_MxV = member_counts(layout, splits, members)
+  if counts_MxV is None:
+    logging.info('Member vocabularies: the training table is streamed from '
+                 'disk and not counted; every member reads every code.')
+    return state
   known_MxV = known(layout, counts_MxV, min_count)
   rows = state.params[mlp.VOCABULARY]['known'].shape[1]
   padded = np.ones((members, rows), np.float32)
