@@ -32,6 +32,7 @@ from meshfit.model.setup import Setup
 from meshfit.model.state import TrainState
 from models import mlp
 
+
 def _offsets(layout: InputLayout) -> np.ndarray:
   return np.cumsum((0,) + layout.category_sizes[:-1]).astype(np.int64)
 
