@@ -73,6 +73,21 @@ def test_held_out_rows_count_for_no_member():
   assert (counts_MxV[0] < _direct_counts(table.x_NxF)).any()
 
 
+def _fresh(layout: InputLayout, table: Table, members: int, folds: int = 0):
+  """(set-up, fresh state) of a small model with member vocabularies."""
+  raw = default.get_config()
+  raw.model.hidden_sizes = (8,)
+  raw.model.ensemble_size = members
+  raw.model.category_member_min_count = 2
+  raw.dataset.validation_folds = folds
+  config = config_lib.parse(raw)
+  setup = make_setup(config, layout, 1)
+  stats = FeatureStats.fit(layout, table.x_NxF, table.y_NxT)
+  return setup, state_lib.create_train_state(
+      setup.arch, setup.tx, setup.mesh, 0, stats,
+      optim.Hyperparameters.of(config))
+
+
 def test_a_streamed_table_is_not_read_again_to_count(tmp_path):
   from input_pipeline import store  # noqa: PLC0415
   layout, table = _table(2)
@@ -84,15 +99,7 @@ def test_a_streamed_table_is_not_read_again_to_count(tmp_path):
   splits = splits_lib.Splits(streamed, None, validation=held,
                              train_blocks=rest)
   assert vocabulary_fit.member_counts(layout, splits, 2) is None
-  raw = default.get_config()
-  raw.model.hidden_sizes = (8,)
-  raw.model.ensemble_size = 2
-  raw.model.category_member_min_count = 2
-  config = config_lib.parse(raw)
-  setup = make_setup(config, layout, 1)
-  stats = FeatureStats.fit(layout, table.x_NxF, table.y_NxT)
-  state = state_lib.create_train_state(setup.arch, setup.tx, setup.mesh, 0,
-                                       stats, optim.Hyperparameters.of(config))
+  setup, state = _fresh(layout, table, members=2)
   fitted = vocabulary_fit.fit_into(state, setup, splits, 2)
   assert jax.device_get(fitted.params[mlp.VOCABULARY]['known']).all()
 
@@ -101,16 +108,7 @@ def test_fit_into_sets_each_members_vocabulary_and_nothing_else():
   layout, table = _table()
   splits = splits_lib.cross_fit(splits_lib.Splits(table, table), 3, seed=0,
                                 resident_table_mb=1024)
-  raw = default.get_config()
-  raw.model.hidden_sizes = (8,)
-  raw.model.ensemble_size = 6
-  raw.model.category_member_min_count = 2
-  raw.dataset.validation_folds = 3
-  config = config_lib.parse(raw)
-  setup = make_setup(config, layout, 1)
-  stats = FeatureStats.fit(layout, table.x_NxF, table.y_NxT)
-  state = state_lib.create_train_state(setup.arch, setup.tx, setup.mesh, 0,
-                                       stats, optim.Hyperparameters.of(config))
+  setup, state = _fresh(layout, table, members=6, folds=3)
   assert jax.device_get(state.params[mlp.VOCABULARY]['known']).all()
   fitted = vocabulary_fit.fit_into(state, setup, splits, 2)
   known = jax.device_get(fitted.params[mlp.VOCABULARY]['known'])
@@ -218,7 +216,7 @@ def _csv_config(tmp_path, steps: int):
 @pytest.mark.slow
 def test_a_run_keeps_its_vocabularies_resumes_exactly_and_restores_anywhere(
     tmp_path):
-  from meshfit.checkpoints import checkpointer, reading  # noqa: PLC0415
+  from meshfit.checkpoints import reading  # noqa: PLC0415
   from meshfit.config import json_files  # noqa: PLC0415
   from meshfit.report import writers  # noqa: PLC0415
   from meshfit.serve import evaluate  # noqa: PLC0415
@@ -239,19 +237,11 @@ def test_a_run_keeps_its_vocabularies_resumes_exactly_and_restores_anywhere(
   # The vocabularies counted before step 0 are the last checkpoint's.
   parsed = config_lib.parse(config)
   splits = splits_lib.load_splits(parsed.dataset, parsed.seed)
-  train = splits.train
-  layout = InputLayout.of(train.plan.input_categories, train.missing_I,
-                          parsed.dataset.numeric_scaling,
-                          parsed.model.raw_numbers)
-  setup = make_setup(parsed, layout, train.num_targets)
-  ckpt = checkpointer.Checkpointer(whole)
-  try:
-    state = reading.restore(ckpt, setup, 60)
-  finally:
-    ckpt.close()
+  with reading.SavedModel(whole, 60) as saved:
+    _, state = saved.restore(parsed)
   known = jax.device_get(state.params[mlp.VOCABULARY]['known'])
   expected = vocabulary_fit.known(
-      layout, vocabulary_fit.member_counts(layout, splits, 5), 2)
+      saved.layout, vocabulary_fit.member_counts(saved.layout, splits, 5), 2)
   np.testing.assert_array_equal(known[:, :expected.shape[1]], expected)
   assert not expected.all()  # some member reads some value as unknown
   # Evaluated on other meshes, the same model.

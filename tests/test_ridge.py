@@ -191,7 +191,6 @@ def test_the_optimizer_leaves_the_ridge_part_alone():
 @pytest.mark.slow
 def test_training_moves_the_network_alike_and_the_ridge_part_never(
     small_config, tmp_path):
-  from meshfit.checkpoints import checkpointer
   from meshfit.report import writers
   from meshfit.train import loop  # noqa: PLC0415
   small_config.dataset.validation_fraction = 0.2
@@ -216,16 +215,10 @@ def test_training_moves_the_network_alike_and_the_ridge_part_never(
   # The last checkpoint's ridge part is still the closed-form fit.
   parsed = config_lib.parse(small_config)
   splits = splits_lib.load_splits(parsed.dataset, parsed.seed)
-  train = splits.train
-  layout = InputLayout.of(train.plan.input_categories, train.missing_I,
-                          parsed.dataset.numeric_scaling)
-  setup = make_setup(parsed, layout, train.num_targets)
-  ckpt = checkpointer.Checkpointer(workdir)
-  try:
-    state = reading.restore(ckpt, setup, 60)
-  finally:
-    ckpt.close()
-  fit, _ = ridge_fit.fit_splits(jax.device_get(state.stats), layout, splits)
+  with reading.SavedModel(workdir, 60) as saved:
+    _, state = saved.restore(parsed)
+  fit, _ = ridge_fit.fit_splits(jax.device_get(state.stats), saved.layout,
+                                splits)
   np.testing.assert_array_equal(
       jax.device_get(state.params[mlp.FITTED]['kernel'])[0],
       fit.kernel_KxDxT[0].astype(np.float32))
