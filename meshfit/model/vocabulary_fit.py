@@ -37,12 +37,16 @@ def _offsets(layout: InputLayout) -> np.ndarray:
   return np.cumsum((0,) + layout.category_sizes[:-1]).astype(np.int64)
 
 
-def code_counts(layout: InputLayout, x_NxF: np.ndarray) -> np.ndarray:
-  """How many of the rows hold each code: V counts, the category columns'
-  codes one after another (their order in `MemberVocabulary`)."""
+def _rows(layout: InputLayout, x_NxF: np.ndarray) -> np.ndarray:
+  """N x C: each row's codes as rows of the one table of every column's
+  codes (their order in `MemberVocabulary`). Taken from the category
+  columns alone, so that picking rows afterwards copies no other column."""
   codes_NxC = np.asarray(x_NxF[:, list(layout.category_columns)], np.int64)
-  return np.bincount((codes_NxC + _offsets(layout)[None]).ravel(),
-                     minlength=sum(layout.category_sizes))
+  return codes_NxC + _offsets(layout)[None]
+
+
+def _count(layout: InputLayout, rows_NxC: np.ndarray) -> np.ndarray:
+  return np.bincount(rows_NxC.ravel(), minlength=sum(layout.category_sizes))
 
 
 def member_counts(layout: InputLayout, splits: splits_lib.Splits,
@@ -50,14 +54,16 @@ def member_counts(layout: InputLayout, splits: splits_lib.Splits,
   """M x V: how many of member m's training rows hold each code; None for
   a streamed table (not counted)."""
   if splits.folds:
-    validation, fold_N = splits.validation, splits.validation_fold_N
-    per_fold = np.stack([code_counts(layout, validation.x_NxF[fold_N == f])
+    rows_NxC = _rows(layout, splits.validation.x_NxF)
+    fold_N = splits.validation_fold_N
+    per_fold = np.stack([_count(layout, rows_NxC[fold_N == f])
                          for f in range(len(splits.folds))])
     held = np.arange(members) % len(splits.folds)
     return per_fold.sum(axis=0)[None] - per_fold[held]
   if not isinstance(splits.train, Table):
     return None
-  total = code_counts(layout, splits.train.x_NxF[splits.blocks.rows()])
+  total = _count(layout, _rows(layout, splits.train.x_NxF)[
+      splits.blocks.rows()])
   return np.broadcast_to(total, (members, len(total)))
 
 
