@@ -552,7 +552,7 @@ def run_table(table: Table, scratch: str, extra: list[str],
   return {'target': table.target, 'source': table.source, 'splits': splits}
 
 
-def _number(value: float) -> str:
+def four_digits(value: float) -> str:
   """Four significant digits, no exponent: 37207, 548.7, 4.280."""
   if value == 0 or not math.isfinite(value):
     return f'{value:g}'
@@ -590,7 +590,7 @@ def report(results: dict[str, dict]) -> str:
   for name, result in results.items():
     s = summarise(result)
     if s['failure'] is None:
-      mine = _number(s['meshfit'])
+      mine = four_digits(s['meshfit'])
     else:
       f = s['failure']
       status = ('timeout' if f['returncode'] is None
@@ -602,7 +602,7 @@ def report(results: dict[str, dict]) -> str:
     if all(r is not None for r in ratio):
       ratios.append(ratio)
     rows.append([name, f'{s["rows_train"]:.0f}', mine,
-                 *(_number(r) if r is not None else '–' for r in refs),
+                 *(four_digits(r) if r is not None else '–' for r in refs),
                  *(f'{r:.2f}' if r is not None else '–' for r in ratio),
                  f'{s["seconds"]:.0f} s (CPU {s["cpu_seconds"]:.0f})'])
   geomean = (np.exp(np.mean(np.log(ratios), axis=0)) if ratios
@@ -673,8 +673,8 @@ def refs_check(results: dict[str, dict]) -> list[str]:
           worst[m] = (change, name, seed)
         if abs(change) > REFS_TOLERANCE:
           far.append(f'  {name} split {seed} {MODEL_NAMES[m]}: '
-                     f'{_number(split[m]["rmse"])} here, refs.json '
-                     f'{_number(published[m])} ({change:+.1%})')
+                     f'{four_digits(split[m]["rmse"])} here, refs.json '
+                     f'{four_digits(published[m])} ({change:+.1%})')
   if not worst:
     return []
   lines = ['References against refs.json, largest differences: ' + '; '.join(
