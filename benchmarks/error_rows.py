@@ -144,7 +144,8 @@ def main(argv: list[str]) -> None:
       listed.append([split, tables.four_digits(y[i]),
                      tables.four_digits(predictions['meshfit'][i]),
                      tables.four_digits(predictions[FLAGS.reference][i]),
-                     f'{share:.0%}', 'no' if kept[i] else 'yes',
+                     '-' if math.isnan(share) else f'{share:.0%}',
+                     'no' if kept[i] else 'yes',
                      *(str(test[c].iloc[i]) for c in FLAGS.show)])
   print(f'{FLAGS.table}: test RMSE' + (
       f'; "kept": without the rows where {FLAGS.exclude}' if FLAGS.exclude
