@@ -30,7 +30,7 @@ from absl import app, flags
 
 import tables
 from bench_common import markdown_table
-from table_scores import MODEL_NAMES
+from table_scores import MODEL_NAMES, excess_rows, four_digits, score_table
 
 flags.DEFINE_string('table', None, 'The table to read.', required=True)
 flags.DEFINE_string('reference', 'catboost', 'The reference to compare '
@@ -56,10 +56,6 @@ def split_files(table: str, split: str) -> tuple[str, str, str]:
   return (*found.splits[split], found.target)
 
 
-def rmse(error: np.ndarray) -> float:
-  return float(np.sqrt(np.mean(error**2))) if len(error) else math.nan
-
-
 def read_split(split: str) -> tuple[dict[str, np.ndarray], np.ndarray,
                                     pd.DataFrame]:
   """({model: predictions of the scored test rows}, their targets, the
@@ -73,54 +69,6 @@ def read_split(split: str) -> tuple[dict[str, np.ndarray], np.ndarray,
   for name, fitted in tables.fit_references(train, test, target).items():
     predictions[name] = np.asarray(fitted['prediction'], float)
   return predictions, test[target].to_numpy(float), test
-
-
-def score_table(splits: dict[str, tuple[dict[str, np.ndarray], np.ndarray,
-                                         np.ndarray]],
-                reference: str, excluding: bool) -> str:
-  """Every model's test RMSE per split, over all the scored rows and (with
-  `excluding`) over the kept ones, and the geometric mean over the splits
-  over `reference`'s.
-
-  Args:
-    splits: {split: ({model: predictions}, targets, kept rows as bools)}.
-    reference: the model the ratios are over.
-    excluding: whether to add the kept rows' columns.
-  """
-  columns = ('all', 'kept') if excluding else ('all',)
-  scores = {c: {} for c in columns}  # column -> model -> [per split]
-  for predictions, y, kept in splits.values():
-    for name, p in predictions.items():
-      for c in columns:
-        rows = kept if c == 'kept' else np.ones(len(y), bool)
-        scores[c].setdefault(name, []).append(rmse(p[rows] - y[rows]))
-  mean = {c: {m: math.exp(np.mean(np.log(v))) for m, v in by.items()}
-          for c, by in scores.items()}
-  header, rows = ['model'], []
-  for split in splits:
-    header += [f'split {split}'] + ([f'split {split} kept'] if excluding
-                                    else [])
-  name = MODEL_NAMES.get(reference, reference)
-  header += [f'x {name}'] + ([f'x {name}, kept'] if excluding else [])
-  for m in scores['all']:
-    row = [MODEL_NAMES.get(m, m)]
-    for i in range(len(splits)):
-      row += [tables.four_digits(scores[c][m][i])
-              for c in columns]
-    row += [f'{mean[c][m] / mean[c][reference]:.3f}' for c in columns]
-    rows.append(row)
-  return markdown_table(header, rows)
-
-
-def excess_rows(predictions: dict[str, np.ndarray], y: np.ndarray,
-                reference: str, top: int) -> list[tuple[int, float]]:
-  """The `top` rows with most of meshfit's squared error over
-  `reference`'s: (row, its share of the split's total excess; NaN when
-  meshfit has no excess in all)."""
-  excess = (predictions['meshfit'] - y)**2 - (predictions[reference] - y)**2
-  total = excess.sum()
-  return [(int(i), excess[i] / total if total > 0 else math.nan)
-          for i in np.argsort(-excess, kind='stable')[:top]]
 
 
 def main(argv: list[str]) -> None:
@@ -141,9 +89,9 @@ def main(argv: list[str]) -> None:
     splits[split] = (predictions, y, kept)
     for i, share in excess_rows(predictions, y, FLAGS.reference,
                                 FLAGS.top):
-      listed.append([split, tables.four_digits(y[i]),
-                     tables.four_digits(predictions['meshfit'][i]),
-                     tables.four_digits(predictions[FLAGS.reference][i]),
+      listed.append([split, four_digits(y[i]),
+                     four_digits(predictions['meshfit'][i]),
+                     four_digits(predictions[FLAGS.reference][i]),
                      '-' if math.isnan(share) else f'{share:.0%}',
                      'no' if kept[i] else 'yes',
                      *(str(test[c].iloc[i]) for c in FLAGS.show)])

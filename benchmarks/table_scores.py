@@ -1,8 +1,11 @@
-"""The tables benchmark's scores: RMSE, paired intervals and their counts.
+"""The tables benchmark's scores: RMSE, paired intervals and their counts,
+and error_rows.py's scores with and without rows.
 
 Apart from benchmarks/tables.py, which defines absl flags, so that tests
 (and other scripts) can import them beside another benchmark's flags.
 """
+
+import math
 
 import numpy as np
 
@@ -18,6 +21,13 @@ BOOTSTRAP_ROUNDS, BOOTSTRAP_LEVEL = 4000, 0.95
 
 def rmse(prediction_N: np.ndarray, target_N: np.ndarray) -> float:
   return float(np.sqrt(np.mean((prediction_N - target_N)**2)))
+
+
+def four_digits(value: float) -> str:
+  """Four significant digits, no exponent: 37207, 548.7, 4.280."""
+  if value == 0 or not math.isfinite(value):
+    return f'{value:g}'
+  return f'{value:.{max(0, 3 - math.floor(math.log10(abs(value))))}f}'
 
 
 def paired_interval(mine_N: np.ndarray, theirs_N: np.ndarray,
@@ -72,3 +82,52 @@ def interval_report(results: dict[str, dict]) -> str:
   rows.append(['splits in all', *(' / '.join(map(str, totals[m]))
                                   for m in MODELS)])
   return markdown_table(header, rows)
+
+
+def score_table(splits: dict[str, tuple[dict[str, np.ndarray], np.ndarray,
+                                         np.ndarray]],
+                reference: str, excluding: bool) -> str:
+  """Every model's test RMSE per split, over all the scored rows and (with
+  `excluding`) over the kept ones, and the geometric mean over the splits
+  over `reference`'s.
+
+  Args:
+    splits: {split: ({model: predictions}, targets, kept rows as bools)}.
+    reference: the model the ratios are over.
+    excluding: whether to add the kept rows' columns.
+  """
+  columns = ('all', 'kept') if excluding else ('all',)
+  scores = {c: {} for c in columns}  # column -> model -> [per split]
+  for predictions, y, kept in splits.values():
+    for name, p in predictions.items():
+      for c in columns:
+        rows = kept if c == 'kept' else np.ones(len(y), bool)
+        scores[c].setdefault(name, []).append(
+            rmse(p[rows], y[rows]) if rows.any() else math.nan)
+  mean = {c: {m: math.exp(np.mean(np.log(v))) for m, v in by.items()}
+          for c, by in scores.items()}
+  header, rows = ['model'], []
+  for split in splits:
+    header += [f'split {split}'] + ([f'split {split} kept'] if excluding
+                                    else [])
+  name = MODEL_NAMES.get(reference, reference)
+  header += [f'x {name}'] + ([f'x {name}, kept'] if excluding else [])
+  for m in scores['all']:
+    row = [MODEL_NAMES.get(m, m)]
+    for i in range(len(splits)):
+      row += [four_digits(scores[c][m][i])
+              for c in columns]
+    row += [f'{mean[c][m] / mean[c][reference]:.3f}' for c in columns]
+    rows.append(row)
+  return markdown_table(header, rows)
+
+
+def excess_rows(predictions: dict[str, np.ndarray], y: np.ndarray,
+                reference: str, top: int) -> list[tuple[int, float]]:
+  """The `top` rows with most of meshfit's squared error over
+  `reference`'s: (row, its share of the split's total excess; NaN when
+  meshfit has no excess in all)."""
+  excess = (predictions['meshfit'] - y)**2 - (predictions[reference] - y)**2
+  total = excess.sum()
+  return [(int(i), excess[i] / total if total > 0 else math.nan)
+          for i in np.argsort(-excess, kind='stable')[:top]]

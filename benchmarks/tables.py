@@ -45,7 +45,6 @@ same for LARGE_TABLES, two of 250k-340k rows.
 
 import dataclasses
 import json
-import math
 import os
 import platform
 import re
@@ -62,7 +61,7 @@ import pandas as pd
 from absl import app, flags
 
 from bench_common import markdown_table
-from table_scores import (BOOTSTRAP_LEVEL, MODEL_NAMES, MODELS,
+from table_scores import (BOOTSTRAP_LEVEL, MODEL_NAMES, MODELS, four_digits,
                           interval_report, paired_interval, rmse)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -550,13 +549,6 @@ def run_table(table: Table, scratch: str, extra: list[str],
                        if 'meshfit_minus' in refs[m] else '')
                     for m in MODELS if m in refs), flush=True)
   return {'target': table.target, 'source': table.source, 'splits': splits}
-
-
-def four_digits(value: float) -> str:
-  """Four significant digits, no exponent: 37207, 548.7, 4.280."""
-  if value == 0 or not math.isfinite(value):
-    return f'{value:g}'
-  return f'{value:.{max(0, 3 - math.floor(math.log10(abs(value))))}f}'
 
 
 def summarise(result: dict) -> dict:

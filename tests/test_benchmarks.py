@@ -325,14 +325,14 @@ def test_first_minute_big_section_reports_each_run_and_its_memory(tmp_path):
 
 
 def test_error_rows_scores_with_and_without_rows_and_finds_the_gap():
-  import error_rows  # noqa: PLC0415  (benchmarks/ is on the path)
+  import table_scores  # noqa: PLC0415  (benchmarks/ is on the path)
   y = np.array([1.0, 2.0, 3.0, 10.0])
   # meshfit is better on every row but the last, where it is far off.
   predictions = {'meshfit': np.array([1.1, 2.1, 2.9, 16.0]),
                  'catboost': np.array([1.5, 2.5, 3.5, 11.0])}
   kept = np.array([True, True, True, False])
   rows = [[c.strip() for c in line.split('|')[1:-1]] for line in
-          error_rows.score_table({'0': (predictions, y, kept)}, 'catboost',
+          table_scores.score_table({'0': (predictions, y, kept)}, 'catboost',
                                  excluding=True).splitlines()]
   assert rows[0] == ['model', 'split 0', 'split 0 kept', 'x CatBoost',
                      'x CatBoost, kept']
@@ -341,9 +341,9 @@ def test_error_rows_scores_with_and_without_rows_and_finds_the_gap():
   assert rows[3] == ['CatBoost', '0.6614', '0.5000', '1.000', '1.000']
   # The last row holds more than all of meshfit's excess (the others give
   # some back): 36 - 1 of 3 * (0.01 - 0.25) + 35 = 34.28.
-  (row, share), = error_rows.excess_rows(predictions, y, 'catboost', top=1)
+  (row, share), = table_scores.excess_rows(predictions, y, 'catboost', top=1)
   assert row == 3 and share == pytest.approx(35.0 / 34.28)
   # No excess at all: no share to give.
-  _, share = error_rows.excess_rows(
+  _, share = table_scores.excess_rows(
       {'meshfit': y, 'catboost': y + 1}, y, 'catboost', top=1)[0]
   assert np.isnan(share)
