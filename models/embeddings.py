@@ -23,6 +23,22 @@ EMBED_AXIS = 'embed'  # an embedding's width, kept whole
 VOCAB_ROWS_MULTIPLE = 64
 
 
+def table_offsets(sizes: tuple[int, ...]) -> tuple[int, ...]:
+  """Where each category column's codes start in one table of every
+  column's codes (column c's code k is row offsets[c] + k)."""
+  return tuple(int(o) for o in np.cumsum((0,) + tuple(sizes[:-1])))
+
+
+def table_rows(sizes: tuple[int, ...]) -> int:
+  """That table's rows, padded to a multiple of VOCAB_ROWS_MULTIPLE."""
+  return -(-sum(sizes) // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
+
+
+def table_lookup(codes_BxC: jax.Array, offsets: tuple[int, ...]) -> jax.Array:
+  """The table rows of a batch's codes."""
+  return codes_BxC + jnp.asarray(offsets, codes_BxC.dtype)[None]
+
+
 def normal_quantile_edges(bins: int) -> np.ndarray:
   """bins + 1 edges: equal-probability bins of a standard normal, the outer
   edges at +-3 (numbers scaled to a normal fall in equal shares)."""
@@ -86,15 +102,15 @@ class CategoryEmbedding(nnx.Module):
 
   def __init__(self, sizes: tuple[int, ...], dim: int, *,
                param_dtype: jnp.dtype, rngs: nnx.Rngs):
-    self.offsets = tuple(int(o) for o in np.cumsum((0,) + sizes[:-1]))
-    rows = -(-sum(sizes) // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
+    self.offsets = table_offsets(sizes)
+    rows = table_rows(sizes)
     self.table = nnx.Param(nnx.with_partitioning(
         nnx.initializers.normal(1.0), (VOCAB_AXIS, EMBED_AXIS))(
             rngs.params(), (rows, dim), param_dtype))
 
   def __call__(self, codes_BxC: jax.Array) -> jax.Array:
     """B x (C * dim) features of the integer codes codes_BxC."""
-    rows_BxC = codes_BxC + jnp.asarray(self.offsets, codes_BxC.dtype)[None]
+    rows_BxC = table_lookup(codes_BxC, self.offsets)
     vectors_BxCxD = jnp.take(self.table[...], rows_BxC, axis=0)
     return vectors_BxCxD.astype(jnp.float32).reshape(codes_BxC.shape[0], -1)
 
@@ -114,8 +130,8 @@ class MemberVocabulary(nnx.Module):
   """
 
   def __init__(self, sizes: tuple[int, ...]):
-    self.offsets = tuple(int(o) for o in np.cumsum((0,) + sizes[:-1]))
-    rows = -(-sum(sizes) // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
+    self.offsets = table_offsets(sizes)
+    rows = table_rows(sizes)
     # Ones need no key: the network's initialisation stays as it is.
     self.known = nnx.Param(nnx.with_partitioning(
         nnx.initializers.ones_init(), (VOCAB_AXIS,))(
@@ -124,7 +140,7 @@ class MemberVocabulary(nnx.Module):
   def __call__(self, codes_BxC: jax.Array) -> jax.Array:
     """The codes with those this member does not know replaced by 0, the
     unknown code (column_plan.UNKNOWN_CODE)."""
-    rows_BxC = codes_BxC + jnp.asarray(self.offsets, codes_BxC.dtype)[None]
+    rows_BxC = table_lookup(codes_BxC, self.offsets)
     known_V = jax.lax.stop_gradient(self.known[...])
     known_BxC = jnp.take(known_V, rows_BxC) > 0.5
     return jnp.where(known_BxC, codes_BxC, 0)

@@ -15,10 +15,10 @@ Every parameter starts at zero, so an unfitted ridge part changes nothing.
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from models.embeddings import EMBED_AXIS, VOCAB_AXIS, VOCAB_ROWS_MULTIPLE
+from models.embeddings import (EMBED_AXIS, VOCAB_AXIS, table_lookup,
+                               table_offsets, table_rows)
 
 OUT_AXIS = 'out'  # the regression targets (as in models/mlp.py)
 # The ridge part takes every number and flag, and the categories one-hot,
@@ -58,9 +58,9 @@ class Ridge(nnx.Module):
 
   def __init__(self, num_dense: int, category_sizes: tuple[int, ...],
                out_features: int):
-    self.offsets = tuple(int(o) for o in np.cumsum((0,) + category_sizes[:-1]))
+    self.offsets = table_offsets(category_sizes)
     self.kernel = _zeros((num_dense, out_features), (EMBED_AXIS, OUT_AXIS))
-    rows = -(-sum(category_sizes) // VOCAB_ROWS_MULTIPLE) * VOCAB_ROWS_MULTIPLE
+    rows = table_rows(category_sizes)
     self.table = (_zeros((rows, out_features), (VOCAB_AXIS, OUT_AXIS))
                   if category_sizes else None)
     self.bias = _zeros((out_features,), (OUT_AXIS,))
@@ -77,7 +77,7 @@ class Ridge(nnx.Module):
                        precision=jax.lax.Precision.HIGHEST)
     y_BxT = y_BxT + self.bias[...][None]
     if self.table is not None:
-      rows_BxC = codes_BxC + jnp.asarray(self.offsets, codes_BxC.dtype)[None]
+      rows_BxC = table_lookup(codes_BxC, self.offsets)
       y_BxT = y_BxT + jnp.take(self.table[...], rows_BxC, axis=0).sum(axis=1)
     return y_BxT
 

@@ -30,11 +30,12 @@ from meshfit.data import splits as splits_lib
 from meshfit.data.features import InputLayout
 from meshfit.model.setup import Setup
 from meshfit.model.state import TrainState
-from models import mlp
+from models import embeddings, mlp
 
 
 def _offsets(layout: InputLayout) -> np.ndarray:
-  return np.cumsum((0,) + layout.category_sizes[:-1]).astype(np.int64)
+  return np.asarray(embeddings.table_offsets(layout.category_sizes),
+                    np.int64)
 
 
 def _rows(layout: InputLayout, x_NxF: np.ndarray) -> np.ndarray:
