@@ -117,6 +117,28 @@ def test_early_stopping_is_announced_where_the_tracker_stops(patience):
   assert len(stalls) == (patience > progress.STALL_EVALS)
 
 
+@pytest.mark.parametrize('best_at, said', [(100, True), (91, True),
+                                            (90, False), (50, False)])
+def test_a_run_still_improving_at_its_end_says_a_longer_one_may_help(
+    best_at, said):
+  losses = [1.0 - 0.001 * min(s, best_at) for s in range(1, 101)]
+  lines = _validate(progress.Plan(0, 100, 10, patience=20), losses, period=1)
+  ends = [line for line in lines if line.startswith('The validation loss was')]
+  assert ends == ([
+      f'The validation loss was still improving at the end (best '
+      f'{losses[best_at - 1]:.4g} at step {best_at} of 100): a longer run '
+      '(--config.train_epochs, or num_train_steps) may lower it.'] if said
+                  else [])
+  assert lines.index(ends[0]) == len(lines) - 1 if said else True
+
+
+def test_a_run_stopped_early_near_its_end_is_not_told_to_run_longer():
+  losses = [1.0 - 0.01 * s for s in range(1, 93)] + [0.5] * 3
+  lines = _validate(progress.Plan(0, 100, 10, patience=3), losses, period=1)
+  assert lines[-1].startswith('Early stopping at step 95')
+  assert not any('still improving' in line for line in lines)
+
+
 def test_a_resumed_run_counts_on_from_its_checkpoints_tracker():
   tracker = BestTracker(patience=4, best_step=30, best_loss=0.5,
                         evals_since_best=2)
@@ -133,7 +155,9 @@ def test_on_a_terminal_one_line_is_redrawn_in_place_and_ended():
   for step in (10, 20, 30, 40):
     clock.now = step / 10
     shown.write_scalars(step, {'train/loss': 1 / step})
-    shown.write_scalars(step, {'val/loss': 1 / step, 'eval/rmse': 2.0})
+    # The best step is not the last: no line saying to train longer.
+    val_loss = 1 / step if step < 40 else 0.5
+    shown.write_scalars(step, {'val/loss': val_loss, 'eval/rmse': 2.0})
     shown.redraw()
   shown.close()
   text = out.getvalue()
@@ -143,7 +167,7 @@ def test_on_a_terminal_one_line_is_redrawn_in_place_and_ended():
   assert steps == sorted(steps) and set(steps) == {
       'step 10/40', 'step 20/40', 'step 30/40', 'step 40/40'}
   assert draws[-1] == ('step 40/40 (4.0 epochs), 0:04 elapsed, 0:00 left: '
-                       'train loss 0.025, val loss 0.025 (best step 40), '
+                       'train loss 0.025, val loss 0.5 (best step 30), '
                        'eval rmse 2')
 
 

@@ -28,6 +28,10 @@ AFTER_RECORD_SECONDS = 0.1
 # Evaluations in a row without a better validation loss that earn a line
 # (early stopping, when set sooner, says so itself).
 STALL_EVALS = 10
+# A run whose best validation step falls in this last fraction of its steps
+# was still improving when it ended: the display says a longer run may help
+# (docs/tables.md has what twice the length bought such tables).
+LATE_BEST_FRACTION = 0.1
 _CLEAR_LINE = '\r\x1b[K'
 
 
@@ -223,15 +227,23 @@ class Progress(writers.ScalarWriter):
 
   def _validated(self, step: int, loss: float) -> str | None:
     """Updates the best step as validation.BestTracker does; a line to
-    print when the model has stopped improving."""
-    if loss < self._best_loss:
+    print when the model has stopped improving, or was still improving
+    when the run ended."""
+    improved = loss < self._best_loss
+    if improved:
       self._best_step, self._best_loss = step, loss
       self._evals_since_best = 0
-      return None
-    self._evals_since_best += 1
+    else:
+      self._evals_since_best += 1
     since = self._evals_since_best
     patience, last = self._plan.patience, self._plan.last_step
     found = f'best {self._best_loss:.4g} at step {self._best_step}'
+    if step >= last and self._best_step > (1 - LATE_BEST_FRACTION) * last:
+      return (f'The validation loss was still improving at the end ({found} '
+              f'of {last}): a longer run (--config.train_epochs, or '
+              f'num_train_steps) may lower it.')
+    if improved:
+      return None
     if patience and since == patience and step < last:
       return (f'Early stopping at step {step}: the validation loss has not '
               f'improved for {since} evaluations ({found}).')
