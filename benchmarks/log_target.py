@@ -20,7 +20,6 @@ log / raw, per run and as geometric means. The test files are never read.
 A table whose target is not positive everywhere is skipped.
 """
 
-import json
 import math
 import os
 
@@ -30,66 +29,17 @@ from absl import app, flags
 
 import tables
 from bench_common import markdown_table
+from table_scores import best_validation_mse, carve_holdout, log_scores
 
-HOLDOUT_FRACTION = 0.2
-HOLDOUT_SEED_BASE = 100
 # --suite, --tables, --splits, --data_dir, --workdir and --timeout are
 # tables.py's flags (imported with it).
 FLAGS = flags.FLAGS
 
 
-def carve(train_path: str, target: str, split: str, folder: str
-          ) -> dict[str, str] | None:
-  """Writes fit/holdout files, each also with a log target, into `folder`.
-
-  Returns:
-    {'fit', 'holdout', 'fit_log', 'holdout_log'} paths, or None when the
-    target is not positive on every row that has one.
-  """
-  frame = pd.read_csv(train_path)
-  frame = frame[frame[target].notna()].reset_index(drop=True)
-  y = frame[target].astype(float)
-  if not (y > 0).all():
-    return None
-  order = np.random.default_rng(
-      HOLDOUT_SEED_BASE + int(split)).permutation(len(frame))
-  num_fit = int((1 - HOLDOUT_FRACTION) * len(frame))
-  parts = {'fit': frame.iloc[np.sort(order[:num_fit])],
-           'holdout': frame.iloc[np.sort(order[num_fit:])]}
-  os.makedirs(folder, exist_ok=True)
-  paths = {}
-  for name, part in parts.items():
-    paths[name] = os.path.join(folder, f'{name}.csv')
-    part.to_csv(paths[name], index=False)
-    logged = part.assign(**{target: np.log(part[target].astype(float))})
-    paths[f'{name}_log'] = os.path.join(folder, f'{name}_log.csv')
-    logged.to_csv(paths[f'{name}_log'], index=False)
-  return paths
-
-
-def best_validation_mse(workdir: str) -> float:
-  """The validation MSE (target units) at the step of least validation
-  loss, from a run's metrics.jsonl."""
-  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    records = [json.loads(line) for line in f]
-  return min((r['val/loss'], r['val/mse']) for r in records
-             if 'val/loss' in r)[1]
-
-
-def scores(truth: np.ndarray, raw: np.ndarray, logged: np.ndarray,
-           log_mse: float) -> dict[str, float]:
-  """Holdout RMSE of the raw run and of the log run read back as median
-  and as mean."""
-  def rmse(prediction):
-    return float(np.sqrt(np.mean((prediction - truth)**2)))
-  return {'raw': rmse(raw), 'log_median': rmse(np.exp(logged)),
-          'log_mean': rmse(np.exp(logged + 0.5 * log_mse))}
-
-
 def run_split(table: tables.Table, split: str, scratch: str) -> dict | None:
   folder = os.path.join(scratch, table.name, split)
-  paths = carve(table.splits[split][0], table.target, split,
-                os.path.join(folder, 'files'))
+  paths = carve_holdout(table.splits[split][0], table.target, split,
+                        os.path.join(folder, 'files'))
   if paths is None:
     return None
   predictions, log_mse = {}, None
@@ -110,7 +60,7 @@ def run_split(table: tables.Table, split: str, scratch: str) -> dict | None:
     if variant == 'log':
       log_mse = best_validation_mse(os.path.join(run_dir, 'workdir'))
   truth = pd.read_csv(paths['holdout'])[table.target].to_numpy(np.float64)
-  return scores(truth, predictions['raw'], predictions['log'], log_mse)
+  return log_scores(truth, predictions['raw'], predictions['log'], log_mse)
 
 
 def main(argv: list[str]) -> None:

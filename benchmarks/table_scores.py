@@ -1,13 +1,17 @@
 """The tables benchmark's scores: RMSE, paired intervals and their counts,
-and error_rows.py's scores with and without rows.
+error_rows.py's scores with and without rows, and log_target.py's holdout
+files and scores.
 
 Apart from benchmarks/tables.py, which defines absl flags, so that tests
 (and other scripts) can import them beside another benchmark's flags.
 """
 
+import json
 import math
+import os
 
 import numpy as np
+import pandas as pd
 
 from bench_common import markdown_table
 
@@ -17,6 +21,10 @@ MODEL_NAMES = {'ridge': 'ridge', 'sklearn_mlp': 'sklearn MLP',
                'lightgbm': 'LightGBM'}
 # The paired bootstrap of `paired_interval`: resamples and coverage.
 BOOTSTRAP_ROUNDS, BOOTSTRAP_LEVEL = 4000, 0.95
+# log_target.py's holdout: this fraction of a training file, by a
+# permutation seeded HOLDOUT_SEED_BASE + the split.
+HOLDOUT_FRACTION = 0.2
+HOLDOUT_SEED_BASE = 100
 
 
 def rmse(prediction_N: np.ndarray, target_N: np.ndarray) -> float:
@@ -131,3 +139,49 @@ def excess_rows(predictions: dict[str, np.ndarray], y: np.ndarray,
   total = excess.sum()
   return [(int(i), excess[i] / total if total > 0 else math.nan)
           for i in np.argsort(-excess, kind='stable')[:top]]
+
+
+def carve_holdout(train_path: str, target: str, split: str, folder: str
+                  ) -> dict[str, str] | None:
+  """Writes fit/holdout files, each also with a log target, into `folder`.
+
+  Returns:
+    {'fit', 'holdout', 'fit_log', 'holdout_log'} paths, or None when the
+    target is not positive on every row that has one.
+  """
+  frame = pd.read_csv(train_path)
+  frame = frame[frame[target].notna()].reset_index(drop=True)
+  y = frame[target].astype(float)
+  if not (y > 0).all():
+    return None
+  order = np.random.default_rng(
+      HOLDOUT_SEED_BASE + int(split)).permutation(len(frame))
+  num_fit = int((1 - HOLDOUT_FRACTION) * len(frame))
+  parts = {'fit': frame.iloc[np.sort(order[:num_fit])],
+           'holdout': frame.iloc[np.sort(order[num_fit:])]}
+  os.makedirs(folder, exist_ok=True)
+  paths = {}
+  for name, part in parts.items():
+    paths[name] = os.path.join(folder, f'{name}.csv')
+    part.to_csv(paths[name], index=False)
+    logged = part.assign(**{target: np.log(part[target].astype(float))})
+    paths[f'{name}_log'] = os.path.join(folder, f'{name}_log.csv')
+    logged.to_csv(paths[f'{name}_log'], index=False)
+  return paths
+
+
+def best_validation_mse(workdir: str) -> float:
+  """The validation MSE (target units) at the step of least validation
+  loss, from a run's metrics.jsonl."""
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    records = [json.loads(line) for line in f]
+  return min((r['val/loss'], r['val/mse']) for r in records
+             if 'val/loss' in r)[1]
+
+
+def log_scores(truth: np.ndarray, raw: np.ndarray, logged: np.ndarray,
+               log_mse: float) -> dict[str, float]:
+  """Holdout RMSE of the raw run and of the log run read back as median
+  and as mean."""
+  return {'raw': rmse(raw, truth), 'log_median': rmse(np.exp(logged), truth),
+          'log_mean': rmse(np.exp(logged + 0.5 * log_mse), truth)}

@@ -351,14 +351,16 @@ def test_error_rows_scores_with_and_without_rows_and_finds_the_gap():
 
 def test_log_target_carves_a_holdout_from_the_train_file_and_reads_back(
     tmp_path):
-  import log_target  # noqa: PLC0415  (benchmarks/ is on the path)
+  # table_scores, not log_target: log_target imports tables.py's flags,
+  # which another benchmark's test has defined already (--data_dir).
+  scores = _table_scores()
   rng = np.random.default_rng(0)
   frame = pd.DataFrame({'x': rng.normal(size=50),
                         'y': np.exp(rng.normal(size=50))})
   frame.loc[3, 'y'] = np.nan  # a row without a target is left out
   train = tmp_path / 'train.csv'
   frame.to_csv(train, index=False)
-  paths = log_target.carve(str(train), 'y', '1', str(tmp_path / 'files'))
+  paths = scores.carve_holdout(str(train), 'y', '1', str(tmp_path / 'files'))
   fit, holdout = pd.read_csv(paths['fit']), pd.read_csv(paths['holdout'])
   assert (len(fit), len(holdout)) == (39, 10)
   kept = frame.dropna().round(12)
@@ -369,16 +371,16 @@ def test_log_target_carves_a_holdout_from_the_train_file_and_reads_back(
   np.testing.assert_allclose(pd.read_csv(paths['holdout_log'])['x'],
                              holdout['x'])
   # The same split seeds the same holdout; another split another.
-  again = log_target.carve(str(train), 'y', '1', str(tmp_path / 'again'))
+  again = scores.carve_holdout(str(train), 'y', '1', str(tmp_path / 'again'))
   assert pd.read_csv(again['holdout']).equals(holdout)
-  other = log_target.carve(str(train), 'y', '0', str(tmp_path / 'other'))
+  other = scores.carve_holdout(str(train), 'y', '0', str(tmp_path / 'other'))
   assert not pd.read_csv(other['holdout']).equals(holdout)
   frame.loc[0, 'y'] = 0.0
   frame.to_csv(train, index=False)
-  assert log_target.carve(str(train), 'y', '0', str(tmp_path / 'no')) is None
+  assert scores.carve_holdout(str(train), 'y', '0', str(tmp_path / 'no')) is None
 
   truth = np.array([1.0, 2.0, 4.0])
-  got = log_target.scores(truth, raw=truth + 1, logged=np.log(truth),
+  got = scores.log_scores(truth, raw=truth + 1, logged=np.log(truth),
                           log_mse=0.5)
   assert got['raw'] == pytest.approx(1.0)
   assert got['log_median'] == pytest.approx(0.0)
