@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import threading
+import time
 
 # Before TensorFlow / TFDS are imported: keep everything local and quiet.
 os.environ.setdefault('NO_GCE_CHECK', 'true')
@@ -34,9 +35,16 @@ DIVERGED_EXIT = 3  # a non-finite loss: not bad usage, not a crash
 
 def _fail(message: str) -> None:
   """One `error:` line on stderr and exit status 2: bad input, no traceback."""
-  sys.stderr.write(f'error: {message}\n')
   sys.stdout.flush()
-  sys.stderr.flush()
+  # The error line goes to a copy of stderr after stderr itself is sent to
+  # /dev/null: another thread (Orbax's, whose reads of a damaged checkpoint
+  # fail too) may be printing a traceback, and its first line came out
+  # after the error line when the CPUs were busy.
+  stderr = os.dup(2)
+  os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+  sys.stderr.flush()  # what is half-written, to /dev/null
+  time.sleep(0.01)  # a write already in the kernel lands before the line
+  os.write(stderr, f'error: {message}\n'.encode())
   # Not sys.exit: the interpreter's teardown can print after the error line
   # (Orbax's event loop after a failed restore: "Event loop is closed"), and
   # a usage error leaves nothing that teardown must finish.

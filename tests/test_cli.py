@@ -132,3 +132,24 @@ def test_a_workdir_this_user_cannot_write_is_named(data_dir, tmp_path):
   assert_usage_error(proc, f'cannot write in workdir {workdir} (Permission '
                            'denied)')
   assert os.listdir(workdir) == []
+
+
+def test_the_error_line_stays_last_while_another_thread_prints():
+  # A thread printing tracebacks when the error is raised (Orbax's, reading
+  # a damaged checkpoint) must not print after the error line.
+  script = r'''
+import sys, threading, time, train
+def noise():
+  while True:
+    sys.stderr.write('Traceback (most recent call last):\n')  # a line a write
+for _ in range(4):
+  threading.Thread(target=noise, daemon=True).start()
+time.sleep(0.05)
+train._fail('the step is damaged; pick another with --step')
+'''
+  for _ in range(10):
+    proc = subprocess.run([sys.executable, '-c', script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == (
+        'error: the step is damaged; pick another with --step')
