@@ -6,7 +6,8 @@ are; the table, the prepared copy (data_dir) and the workdir live in a
 bucket of the local GCS emulator. Both are SIGKILLed mid-run and started
 again with fresh empty local directories (a recreated VM): the resumed run
 must log what an unbroken run logs, bit for bit. A third process that has
-only the gs:// workdir then evaluates, predicts and exports.
+only the gs:// workdir then evaluates and predicts (an export to gs://:
+tests/test_gcs_runs.py).
 """
 
 import json
@@ -151,16 +152,15 @@ def test_a_pod_without_shared_disk_resumes_bit_for_bit_and_serves(
     return json.loads(proc.stdout[proc.stdout.index('{'):])
 
   # The final evaluation, read back from the bucket alone, as the unbroken
-  # run's to the bit.
+  # run scored it (on 2 x 4 devices, not one: to float32's rounding).
   evaluated = run(broken, '--mode=eval')
-  assert evaluated == {**run(whole, '--mode=eval'),
-                       'step': evaluated['step']}
+  scored = [r for r in writers.read_jsonl(storage.join(whole, 'metrics.jsonl'))
+            if 'eval/rmse' in r][-1]
+  for key in ('mse', 'rmse', 'mae', 'r2'):
+    assert evaluated[key] == pytest.approx(scored[f'eval/{key}'], rel=1e-6)
   predicted = run(broken, '--mode=predict',
                   f'--input={gcs_dir}/table/eval.csv',
                   f'--output={gcs_dir}/out/predictions.parquet')
   assert predicted['num_examples'] == 500
   with storage.open(f'{gcs_dir}/out/predictions.parquet', 'rb') as f:
     assert len(pd.read_parquet(f)) == 500
-  run(broken, '--mode=export', f'--output={gcs_dir}/export')
-  assert 'saved_model.pb' in storage.listdir(f'{gcs_dir}/export/saved_model')
-  assert storage.isfile(f'{gcs_dir}/export/model.jax_export')
