@@ -388,3 +388,31 @@ def test_log_target_carves_a_holdout_from_the_train_file_and_reads_back(
   factor = np.exp(0.25) - 1
   assert got['log_mean'] == pytest.approx(
       factor * np.sqrt(np.mean(truth**2)))
+
+
+def test_step_profile_names_each_op_by_the_part_of_the_model_it_runs():
+  import step_profile  # noqa: PLC0415  (benchmarks/ is on the path)
+  ops = step_profile.read_ops('\n'.join([
+      '  %dot.65 = f32[5,54,16,128]{3,2,1,0} dot(%a, %b), metadata={op_name='
+      '"jit(train_call)/while/body/vmap(jvp(number_embedding))/bnk,nkd->bnd'
+      '/dot_general" stack_frame_id=39}',
+      '  %ynn_fusion.6 = f32[5,128,918]{2,1,0} fusion(%c, %d), kind=kCustom, '
+      'metadata={op_name="jit(train_call)/while/body/vmap(transpose(jvp('
+      'hidden_0)))/dot_general"}',
+      '  ROOT %wrapped_multiply.6 = f32[5,918,128]{2,1,0} fusion(%e), '
+      'metadata={op_name="jit(train_call)/while/body/vmap(optimizer)/mul"}',
+      '  %copy.3 = f32[4]{0} copy(%f)',
+      # The innermost scope names the op.
+      '  %x.1 = f32[2]{0} add(%g, %h), metadata={op_name="jit(train_call)/'
+      'while/body/batch/vmap(jvp(hidden_2))/add"}']))
+  assert {name: (op.shape, op.part) for name, op in ops.items()} == {
+      'dot.65': ('f32[5,54,16,128]', 'number_embedding'),
+      'ynn_fusion.6': ('f32[5,128,918]', 'hidden_0'),
+      'wrapped_multiply.6': ('f32[5,918,128]', 'optimizer'),
+      'copy.3': ('f32[4]', 'other'), 'x.1': ('f32[2]', 'hidden_2')}
+  ms = {'dot.65': 6.0, 'ynn_fusion.6': 2.0, 'wrapped_multiply.6': 1.0,
+        'copy.3': 1.0, 'unknown.1': 2.0}
+  assert step_profile.part_rows(ms, ops, steps=2) == [
+      ['number_embedding', '3.000', '50%'], ['hidden_0', '1.000', '17%'],
+      ['optimizer', '0.500', '8%'], ['other', '1.500', '25%'],
+      ['all', '6.000', '100%']]

@@ -252,3 +252,9 @@ def test_members_on_their_own_devices_exchange_nothing_while_they_train(
     assert not [c for c in collectives if c in computations[body]], body
   # Combining them (the call's metrics and losses) is what crosses devices.
   assert any(c in hlo for c in collectives)
+  # Each part of the step names its ops, forward and gradient, for a
+  # profile to be read by (benchmarks/step_profile.py).
+  names = ' '.join(re.findall(r'op_name="([^"]*)"', hlo))
+  for part in ('batch', 'hidden_0', 'hidden_1', 'head', 'loss', 'optimizer'):
+    assert re.search(rf'jvp\({part}\)|/{part}/|\({part}\)', names), part
+  assert 'transpose(jvp(hidden_0))' in names

@@ -112,13 +112,16 @@ def train_step(state: TrainState, batch_z: Batch, *,
       model = nnx.merge(graphdef, params)
       out = model(batch['numbers'], batch['missing'], batch['codes'],
                   batch['raw'], dropout_key=key, dropout_rate=hparams.dropout_rate_M)
-      return uncertainty.member_loss(out, batch['y'], model.likelihood,
-                                     model.nll_beta)
+      with jax.named_scope('loss'):
+        return uncertainty.member_loss(out, batch['y'], model.likelihood,
+                                       model.nll_beta)
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
-    updates, opt_state = member_tx(hparams).update(grads, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state, loss,
-            global_norm(grads, params_partitioned))
+    with jax.named_scope('optimizer'):
+      updates, opt_state = member_tx(hparams).update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
+      grad_norm = global_norm(grads, params_partitioned)
+    return params, opt_state, loss, grad_norm
 
   members = (state.params, state.opt_state, state.hparams, state.rng_Mx2,
              batch_z)
@@ -209,11 +212,12 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
 
   def body(i, carry):
     state, losses_KxM, norms_KxM = carry
-    if 'idx' in chunk:
-      idx_MxB = chunk['idx'][i]
-      batch_z = {name: a[idx_MxB] for name, a in table_z.items()}
-    else:
-      batch_z = {name: a[i] for name, a in chunk.items()}
+    with jax.named_scope('batch'):
+      if 'idx' in chunk:
+        idx_MxB = chunk['idx'][i]
+        batch_z = {name: a[idx_MxB] for name, a in table_z.items()}
+      else:
+        batch_z = {name: a[i] for name, a in chunk.items()}
     batch_z = jax.lax.with_sharding_constraint(batch_z, batch_sharding)
     state, loss_M, grad_norm_M = train_step(
         state, batch_z, graphdef=graphdef, member_tx=member_tx,
