@@ -459,6 +459,27 @@ def test_normal_quantile_edges_are_scipys():
     np.testing.assert_array_equal(normal_quantile_edges(bins), expected)
 
 
+def test_piecewise_linear_layer_is_each_numbers_encoding_through_its_layer():
+  config = mlp_config(hidden_sizes=(8,), numeric_embedding='ple',
+                      ple_bins=4, numeric_embedding_dim=2)
+  layer = state_lib.Architecture(config, InputLayout.numbers(3),
+                                 num_targets=1).build(0).numbers
+  layer.bias[...] = jnp.asarray([[0.1, -0.2], [0.0, 0.3], [-0.1, 0.05]])
+  # Below the first edge, inside bins, on an edge and above the last.
+  z_BxN = np.array([[-4.0, -0.3, 0.0], [0.2, 3.5, 1.0]], np.float32)
+  edges = np.array(layer.left + (layer.left[-1] + layer.width[-1],))
+  kernel, bias = np.asarray(layer.kernel[...]), np.asarray(layer.bias[...])
+  want = np.zeros((2, 3, 2))
+  for b in range(2):
+    for n in range(3):
+      e = (z_BxN[b, n] - edges[:-1]) / np.diff(edges)
+      e[1:] = np.maximum(e[1:], 0.0)  # the first bin is open below
+      e[:-1] = np.minimum(e[:-1], 1.0)  # the last above
+      want[b, n] = np.maximum(e @ kernel[n] + bias[n], 0.0)
+  np.testing.assert_allclose(np.asarray(layer(jnp.asarray(z_BxN))),
+                             want.reshape(2, 6), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize('rows', [300, 256, 513])
 def test_a_resident_table_is_encoded_in_chunks_as_if_whole(monkeypatch, rows):
   # Chunks of 64 rows (the last overlapping the one before unless rows
