@@ -2,6 +2,7 @@
 
     python benchmarks/first_minute.py [--sections=small,big]
         [--train=... --test=... --target=bwt] [--big_rows=10000000]
+        [--big_runs=cold,prepared,resident]
 
 small  `configs/csv.py` on one table (default: the shared babies table,
        988 rows), train then predict, each a fresh `train.py` process as a
@@ -50,6 +51,13 @@ flags.DEFINE_string('test', os.path.join(TABLES, 'babies', '0', 'test.csv'),
                     'Eval file (and predict input).')
 flags.DEFINE_string('target', 'bwt', 'The column to predict.')
 flags.DEFINE_integer('big_rows', 10_000_000, 'Rows of the big table.')
+BIG_RUNS = ('cold', 'prepared', 'resident')
+flags.DEFINE_list('big_runs', list(BIG_RUNS),
+                  "The big section's runs: streamed cold, streamed prepared, "
+                  'resident (each a few minutes at 10M rows).')
+flags.register_validator(
+    'big_runs', lambda runs: set(runs) <= set(BIG_RUNS),
+    message=f'--big_runs: some of {",".join(BIG_RUNS)}')
 flags.DEFINE_string('big_root', '/tmp/meshfit-scale', 'Where the big table '
                     'is generated (kept; benchmarks/scale.py shares it).')
 flags.DEFINE_string('log_flag', '--verbose', "train.py's flag that prints "
@@ -162,8 +170,9 @@ def big(scratch: str) -> list[list[object]]:
   # Streamed, as issue 32 ran it (each process reads its rows): cold, then
   # prepared; then held in memory and cross-fitted (configs/csv.py's
   # default for a table under dataset.resident_table_mb), prepared.
-  for kind, resident_mb in (('cold', 256), ('prepared', 256),
-                            ('prepared', 4096)):
+  runs = {'cold': ('cold', 256), 'prepared': ('prepared', 256),
+          'resident': ('prepared', 4096)}
+  for kind, resident_mb in (runs[r] for r in FLAGS.big_runs):
     workdir = os.path.join(scratch, f'big_{len(rows)}')
     wall, errors, peaks = _job([
         '--config=configs/csv.py', f'--workdir={workdir}',
