@@ -37,9 +37,9 @@ def _fail(message: str) -> None:
   """One `error:` line on stderr and exit status 2: bad input, no traceback."""
   sys.stdout.flush()
   # The error line goes to a copy of stderr after stderr itself is sent to
-  # /dev/null: another thread (Orbax's, whose reads of a damaged checkpoint
-  # fail too) may be printing a traceback, and its first line came out
-  # after the error line when the CPUs were busy.
+  # /dev/null: another thread may be printing a traceback (most likely one
+  # of Orbax's, after a damaged checkpoint's restore failed), and on a busy
+  # CPU its first line came out after the error line.
   stderr = os.dup(2)
   os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
   sys.stderr.flush()  # what is half-written, to /dev/null
