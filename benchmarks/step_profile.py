@@ -8,7 +8,7 @@ beside it, then read both:
       python train.py --config=configs/csv.py --workdir=W ... \\
         --config.profile_start_step=291 --config.profile_num_steps=290 \\
         --config.early_stopping_evals=0 --config.num_train_steps=600
-    python benchmarks/step_profile.py --workdir=W --hlo_dump=DUMP --steps=290
+    python benchmarks/step_profile.py --run_dir=W --hlo_dump=DUMP --profiled_steps=290
 
 Every op the trace times (on every thread) is summed; the compiled program
 names each op's part of the model by the named scopes of models/mlp.py and
@@ -29,12 +29,15 @@ from absl import app, flags
 
 from bench_common import markdown_table
 
-flags.DEFINE_string('workdir', None, 'A run whose workdir/profile holds a '
+# Names no other benchmark defines: the tests import this module beside
+# them (uci.py's --workdir).
+flags.DEFINE_string('run_dir', None, 'A workdir whose profile/ holds a '
                     'trace (config.profile_start_step).', required=True)
 flags.DEFINE_string('hlo_dump', None, "XLA's --xla_dump_to folder of the "
                     'same run: names each op part of the model.')
-flags.DEFINE_integer('steps', 1, 'Steps the trace holds (times per step).')
-flags.DEFINE_integer('top', 15, 'Ops in the second table.')
+flags.DEFINE_integer('profiled_steps', 1,
+                     'Steps the trace holds (times per step).')
+flags.DEFINE_integer('top_ops', 15, 'Ops in the second table.')
 FLAGS = flags.FLAGS
 
 # The named scopes a step's ops are grouped by, in the order printed.
@@ -139,15 +142,16 @@ def op_rows(ms: dict[str, float], events: dict[str, int],
 
 def main(argv: list[str]) -> None:
   del argv
-  ms, events = op_times(FLAGS.workdir)
+  ms, events = op_times(FLAGS.run_dir)
   ops = train_call_ops(FLAGS.hlo_dump) if FLAGS.hlo_dump else {}
-  print(f'{FLAGS.workdir}: op time per step over {FLAGS.steps} steps')
+  print(f'{FLAGS.run_dir}: op time per step over {FLAGS.profiled_steps} steps')
   print(markdown_table(['part', 'ms per step', 'share'],
-                       part_rows(ms, ops, FLAGS.steps)))
+                       part_rows(ms, ops, FLAGS.profiled_steps)))
   print()
   print(markdown_table(['op', 'events', 'ms per step', 'share', 'part',
                         'shape'],
-                       op_rows(ms, events, ops, FLAGS.steps, FLAGS.top)))
+                       op_rows(ms, events, ops, FLAGS.profiled_steps,
+                               FLAGS.top_ops)))
 
 
 if __name__ == '__main__':
