@@ -78,9 +78,10 @@ def read_ops(hlo_text: str) -> dict[str, Op]:
 
 def train_call_ops(dump_dir: str) -> dict[str, Op]:
   """The ops of the newest train call compiled into `dump_dir`."""
+  # (XLA:CPU names the file cpu_after_optimizations.txt; a program loaded
+  # from the compilation cache, after_optimizations.txt.)
   files = sorted(glob.glob(os.path.join(
-      dump_dir, '*jit_train_call*cpu_after_optimizations.txt')) + glob.glob(
-          os.path.join(dump_dir, '*jit_train_call*after_optimizations.txt')))
+      dump_dir, '*jit_train_call*after_optimizations.txt')))
   if not files:
     raise app.UsageError(f'no compiled train call in {dump_dir}: run with '
                          'XLA_FLAGS as the docstring says')

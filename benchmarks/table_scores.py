@@ -6,14 +6,15 @@ Apart from benchmarks/tables.py, which defines absl flags, so that tests
 (and other scripts) can import them beside another benchmark's flags.
 """
 
-import json
 import math
 import os
 
 import numpy as np
 import pandas as pd
 
+import storage
 from bench_common import markdown_table
+from meshfit.report import writers
 
 MODELS = ('ridge', 'sklearn_mlp', 'histgbr', 'catboost', 'lightgbm')
 MODEL_NAMES = {'ridge': 'ridge', 'sklearn_mlp': 'sklearn MLP',
@@ -173,10 +174,8 @@ def carve_holdout(train_path: str, target: str, split: str, folder: str
 def best_validation_mse(workdir: str) -> float:
   """The validation MSE (target units) at the step of least validation
   loss, from a run's metrics.jsonl."""
-  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
-    records = [json.loads(line) for line in f]
-  return min((r['val/loss'], r['val/mse']) for r in records
-             if 'val/loss' in r)[1]
+  return min((r['val/loss'], r['val/mse']) for r in writers.read_jsonl(
+      storage.join(workdir, 'metrics.jsonl')) if 'val/loss' in r)[1]
 
 
 def log_scores(truth: np.ndarray, raw: np.ndarray, logged: np.ndarray,
