@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
@@ -205,7 +206,9 @@ def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
   from meshfit.checkpoints import checkpointer, reading
   from meshfit.data import splits as splits_lib
   from meshfit.data.features import InputLayout  # noqa: PLC0415
-  from meshfit.model import forward, inference, selection  # noqa: PLC0415
+  from meshfit.model import (forward, inference, selection,  # noqa: PLC0415
+                             steps)
+  from meshfit.parallel import sharding  # noqa: PLC0415
   from meshfit.model.setup import make_setup  # noqa: PLC0415
   config, workdir, final = cross_fitted
   # A bag is both folds of one learning rate: members 0-1 and 2-3.
@@ -235,6 +238,17 @@ def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
       setup, state, train.x_NxF, fold, 2, 512,
       forward.jit_held_out_member_parts(setup.graphdef, setup.arch.layout,
                                         setup.shardings, setup.mesh))
+  # The loop reads those rows from the table the train call gathers its
+  # batches from, encoded once: the same numbers as encoding them again.
+  table_z = steps.jit_encode(setup.mesh, setup.arch.layout)(
+      state.stats, jax.device_put({'x': train.x_NxF, 'y': train.y_NxT},
+                                  sharding.replicated(setup.mesh)))
+  held_z = inference.held_out_member_parts(
+      setup, state, train.x_NxF, fold, 2, 512,
+      forward.jit_held_out_member_parts_of_rows(
+          setup.graphdef, setup.shardings, setup.mesh), table_z)
+  for part, part_z in zip(held, held_z):
+    np.testing.assert_allclose(part_z, part, rtol=1e-6, atol=1e-6)
   for whole, part in ((network, held[0]), (ridge_part, held[2])):
     np.testing.assert_allclose(selection.out_of_fold(part, fold, 2),
                                selection.out_of_fold(whole, fold, 2),

@@ -46,7 +46,14 @@ def member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
   """(mean_MxBxT, var_MxBxT, ridge_MxBxT): every member's network alone,
   as `member_outputs`, and its ridge part's prediction (None without one),
   standardised units: what the validation rows weigh."""
-  inputs = features.model_inputs(state.stats, layout, x_BxF)
+  return _parts_of_inputs(graphdef, state,
+                          features.model_inputs(state.stats, layout, x_BxF))
+
+
+def _parts_of_inputs(graphdef: nnx.GraphDef, state: TrainState,
+                     inputs: Batch
+                     ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+  """`member_parts` of rows already encoded (`steps.encode`)."""
   args = (inputs['numbers'], inputs['missing'], inputs['codes'],
           inputs['raw'])
 
@@ -68,6 +75,21 @@ def held_out_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
   choice reads of them."""
   params = jax.tree.map(lambda a: a[members_K], state.params)
   return member_parts(graphdef, layout, state.replace(params=params), x_BxF)
+
+
+def held_out_member_parts_of_rows(graphdef: nnx.GraphDef, state: TrainState,
+                                  table_z: Batch, idx_Bx1: jax.Array,
+                                  members_K: jax.Array
+                                  ) -> tuple[jax.Array, jax.Array,
+                                             jax.Array | None]:
+  """`held_out_member_parts` of rows `idx_Bx1[:, 0]` of the encoded table
+  the train call gathers its batches from: the validation rows of a
+  cross-fitted run are its training rows, encoded once for the run rather
+  than at every evaluation."""
+  idx_B = idx_Bx1[:, 0]
+  inputs = {name: a[idx_B] for name, a in table_z.items() if name != 'y'}
+  params = jax.tree.map(lambda a: a[members_K], state.params)
+  return _parts_of_inputs(graphdef, state.replace(params=params), inputs)
 
 
 def mixture(graphdef: nnx.GraphDef, layout: InputLayout, state: TrainState,
@@ -180,5 +202,18 @@ def jit_held_out_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
   argument); replicated."""
   return jax.jit(functools.partial(held_out_member_parts, graphdef, layout),
                  in_shardings=(state_shardings, sharding.batch_sharding(mesh),
+                               sharding.replicated(mesh)),
+                 out_shardings=sharding.replicated(mesh))
+
+
+def jit_held_out_member_parts_of_rows(
+    graphdef: nnx.GraphDef, state_shardings: TrainState, mesh: Mesh
+) -> Callable[[TrainState, Batch, jax.Array, jax.Array],
+              tuple[jax.Array, jax.Array, jax.Array | None]]:
+  """`held_out_member_parts_of_rows` jitted once (the table, rows and
+  members are arguments); replicated."""
+  return jax.jit(functools.partial(held_out_member_parts_of_rows, graphdef),
+                 in_shardings=(state_shardings, sharding.replicated(mesh),
+                               sharding.batch_sharding(mesh),
                                sharding.replicated(mesh)),
                  out_shardings=sharding.replicated(mesh))

@@ -60,14 +60,17 @@ def table_member_parts(setup: Setup, state: state_lib.TrainState,
 
 def held_out_member_parts(setup: Setup, state: state_lib.TrainState,
                           x_NxF: np.ndarray, fold_N: np.ndarray, folds: int,
-                          batch_size: int, step
+                          batch_size: int, step, table_z=None
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
   """`table_member_parts` as a cross-fitted choice reads them: row i from
   the members that held out its fold (m % folds == fold_N[i]) alone, a
   folds-th of the work; the other entries are NaN, which the out-of-fold
   readers never touch (`selection.out_of_fold`).
 
-  `step` is `forward.jit_held_out_member_parts` of this set-up.
+  `step` is `forward.jit_held_out_member_parts` of this set-up; or, with
+  `table_z` (the rows of `x_NxF` as the train call reads them, on every
+  device), `forward.jit_held_out_member_parts_of_rows`, which reads the
+  rows there instead of encoding them again.
   """
   members, n = state.num_members, x_NxF.shape[0]
   parts = [None, None, None]
@@ -76,9 +79,14 @@ def held_out_member_parts(setup: Setup, state: state_lib.TrainState,
     held = np.arange(fold, members, folds, dtype=np.int32)
     if not len(rows) or not len(held):
       continue
-    fold_parts = table_member_parts(
-        setup, state, x_NxF[rows], batch_size,
-        lambda s, x, held=held: step(s, x, held))
+    if table_z is None:
+      fold_parts = table_member_parts(
+          setup, state, x_NxF[rows], batch_size,
+          lambda s, x, held=held: step(s, x, held))
+    else:  # the rows' indices stand in for their columns
+      fold_parts = table_member_parts(
+          setup, state, rows[:, None].astype(np.int32), batch_size,
+          lambda s, idx, held=held: step(s, table_z, idx, held))
     for i, part_KxRxT in enumerate(fold_parts):
       if part_KxRxT is None:
         continue

@@ -251,6 +251,7 @@ def _train(config: Config, workdir: str, setup: Setup,
     raise
   table_z = ({} if not feed.resident else steps.jit_encode(
       setup.mesh, setup.arch.layout)(state.stats, feed.device_table()))
+  evaluations.use_encoded_table(table_z)
   speed = train_log.StepsPerSecond(initial_step)
   reachable = True
   try:
