@@ -1,16 +1,17 @@
-"""What early stopping would cost and save, read from runs that did not stop.
+"""What early stopping would cost and save, read from runs that stopped later.
 
     python benchmarks/early_stopping.py --runs=DIR [--patiences=5,10,20]
     python benchmarks/early_stopping.py --runs=DIR --lengths
 
 Early stopping changes nothing before it stops: a run stopped after
 `patience` evaluations without a better validation loss keeps the best step
-it had seen, which the full run logged too. So from the metrics.jsonl of
-full runs that scored the eval split at every evaluation (benchmarks/
-tables.py --workdir=DIR with `eval_during_training` on), every patience can
-be read off: the step it would stop at, the best step it would keep, and
-that step's eval RMSE. The eval RMSE is read only to report the cost; the
-patience is chosen on the validation loss and the steps saved.
+it had seen, which a run of a longer patience (or none) logged too. So from
+the metrics.jsonl of such runs every shorter patience can be read off: the
+step it would stop at, the best step it would keep and its validation loss,
+and that step's eval RMSE where the runs scored the eval split at every
+evaluation (benchmarks/tables.py --workdir=DIR with `eval_during_training`
+on). The eval RMSE is read only to report the cost; the patience is chosen
+on the validation loss and the steps saved.
 
 `--lengths` reads any runs (stopped early or not) for where each found its
 best step: the step cap sizing gave it, the step it stopped at, its best
@@ -20,14 +21,14 @@ run might have gone on improving; one far below it, that it overfits).
 DIR is tables.py's scratch folder: DIR/runs/<table>/<split>/workdir/.
 """
 
-import glob
 import json
-import os
 
 import numpy as np
 from absl import app, flags
 
+import storage
 from bench_common import markdown_table
+from meshfit.report import writers
 
 flags.DEFINE_string('runs', None, 'benchmarks/tables.py --workdir folder.',
                     required=True)
@@ -41,14 +42,12 @@ FLAGS = flags.FLAGS
 def read_run(path: str) -> tuple[list[int], list[float], dict[int, float]]:
   """(evaluated steps, their val/loss, {step: eval/rmse}) of one run."""
   steps, losses, rmse = [], [], {}
-  with open(path, encoding='utf-8') as f:
-    for line in f:
-      record = json.loads(line)
-      if 'val/loss' in record:
-        steps.append(record['step'])
-        losses.append(record['val/loss'])
-      if 'eval/rmse' in record:
-        rmse[record['step']] = record['eval/rmse']
+  for record in writers.read_jsonl(path):
+    if 'val/loss' in record:
+      steps.append(record['step'])
+      losses.append(record['val/loss'])
+    if 'eval/rmse' in record:
+      rmse[record['step']] = record['eval/rmse']
   return steps, losses, rmse
 
 
@@ -73,24 +72,32 @@ def lengths(paths: list[str]) -> None:
     steps, losses, _ = read_run(path)
     if not losses:
       continue
-    with open(os.path.join(os.path.dirname(path), 'config.json'),
-              encoding='utf-8') as f:
-      cap = json.load(f)['num_train_steps']
+    cap = json.loads(storage.read_text(storage.join(
+        path.rsplit('/', 1)[0], 'config.json')))['num_train_steps']
     best = steps[int(np.argmin(losses))]
-    rows.append(['/'.join(path.split(os.sep)[-4:-2]), cap, steps[-1], best,
+    rows.append([_name(path), cap, steps[-1], best,
                  f'{best / cap:.2f}'])
   print(markdown_table(['run', 'step cap', 'stopped at', 'best step',
                         'best / cap'], rows))
 
 
+def _runs() -> list[str]:
+  """Every run's metrics.jsonl under --runs."""
+  return sorted(storage.glob(storage.join(FLAGS.runs, 'runs', '*', '*',
+                                          'workdir', 'metrics.jsonl')))
+
+
+def _name(path: str) -> str:
+  """A run's table/split, from its metrics.jsonl path."""
+  return '/'.join(path.split('/')[-4:-2])
+
+
 def main(argv: list[str]) -> None:
   del argv
   if FLAGS.lengths:
-    lengths(sorted(glob.glob(os.path.join(FLAGS.runs, 'runs', '*', '*',
-                                          'workdir', 'metrics.jsonl'))))
+    lengths(_runs())
     return
-  runs = sorted(glob.glob(os.path.join(FLAGS.runs, 'runs', '*', '*',
-                                       'workdir', 'metrics.jsonl')))
+  runs = _runs()
   patiences = [int(p) for p in FLAGS.patiences]
   ratios = {p: [] for p in patiences}
   val_ratios = {p: [] for p in patiences}
@@ -101,22 +108,31 @@ def main(argv: list[str]) -> None:
     if not losses:
       continue
     _, full_best = stopped(losses, len(losses) + 1)
-    name = '/'.join(path.split(os.sep)[-4:-2])
+    name = _name(path)
     for p in patiences:
       stop, best = stopped(losses, p)
-      ratios[p].append(rmse[steps[best]] / rmse[steps[full_best]])
+      # A run that scored the eval file once (the default) has no eval
+      # RMSE of the other steps: its validation loss is still read.
+      known = steps[best] in rmse and steps[full_best] in rmse
+      if known:
+        ratios[p].append(rmse[steps[best]] / rmse[steps[full_best]])
       val_ratios[p].append(losses[best] / losses[full_best])
       steps_kept[p].append(steps[stop] / steps[-1])
       if best != full_best:
-        changed[p].append(f'{name} ({steps[best]} for {steps[full_best]}: '
-                          f'{ratios[p][-1]:.3f}x)')
+        changed[p].append(
+            f'{name} ({steps[best]} for {steps[full_best]}: val '
+            f'{val_ratios[p][-1]:.3f}x'
+            + (f', eval {ratios[p][-1]:.3f}x)' if known else ')'))
   rows = [[p, f'{np.exp(np.mean(np.log(val_ratios[p]))):.4f}',
            f'{max(val_ratios[p]):.3f}',
-           f'{np.exp(np.mean(np.log(ratios[p]))):.4f}',
-           f'{max(ratios[p]):.3f}', f'{min(ratios[p]):.3f}',
+           *([f'{np.exp(np.mean(np.log(ratios[p]))):.4f}',
+              f'{max(ratios[p]):.3f}', f'{min(ratios[p]):.3f}']
+             if ratios[p] else ['', '', '']),
            f'{np.mean(steps_kept[p]):.2f}', len(changed[p])]
           for p in patiences]
-  print(f'{len(ratios[patiences[0]])} runs read from {FLAGS.runs}')
+  print(f'{len(val_ratios[patiences[0]])} runs read from {FLAGS.runs} '
+        f'({len(ratios[patiences[0]])} with the eval RMSE of every '
+        'evaluation)')
   print(markdown_table(
       ['patience (evaluations)', 'val loss, geometric mean x', 'worst x',
        'eval RMSE, geometric mean x',

@@ -302,6 +302,29 @@ def test_early_stopping_lengths_reads_each_runs_cap_stop_and_best(tmp_path):
       'table/0', '400', '40', '20', '0.05']
 
 
+def test_early_stopping_reads_patiences_off_runs_that_scored_the_eval_file_once(
+    tmp_path):
+  # The default runs: validation losses at every evaluation, no eval RMSE.
+  workdir = tmp_path / 'runs' / 'table' / '0' / 'workdir'
+  workdir.mkdir(parents=True)
+  records = [{'step': 10 * i, 'val/loss': loss}
+             for i, loss in enumerate([0.9, 0.6, 0.7, 0.5], start=1)]
+  (workdir / 'metrics.jsonl').write_text(
+      ''.join(json.dumps(r) + '\n' for r in records))
+  result = subprocess.run(
+      [sys.executable, os.path.join(ROOT, 'benchmarks', 'early_stopping.py'),
+       f'--runs={tmp_path}', '--patiences=1,3'],
+      capture_output=True, text=True, timeout=120, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  rows = {cells[0]: cells[1:] for cells in (
+      [c.strip() for c in line.split('|')[1:-1]]
+      for line in result.stdout.splitlines() if line.startswith('| '))}
+  # Patience 1 stops at step 30 with step 20's 0.6 for step 40's 0.5.
+  assert rows['1'] == ['1.2000', '1.200', '', '', '', '0.75', '1']
+  assert rows['3'] == ['1.0000', '1.000', '', '', '', '1.00', '0']
+  assert 'table/0 (20 for 40: val 1.200x)' in result.stdout
+
+
 def test_first_minute_big_section_reports_each_run_and_its_memory(tmp_path):
   # A table small enough to be held in memory in both runs (of the three:
   # the streamed, prepared one is left out for the suite's time).
