@@ -12,7 +12,7 @@ them (numbers, categories, booleans, dates; missing values filled and
 flagged). Numbers are scaled through the training file's quantiles, targets
 standardised; five members, each validated on the fifth of the rows it did
 not train on (and reading the category values it did not train as
-unknown), pick the best step and stop 20 evaluations after it; batch and
+unknown), pick the best step and stop 15 evaluations after it; batch and
 length are sized to the table. Without dataset.eval_path the run reports
 its out-of-fold error instead of an eval file's.
 docs/tables.md has what these defaults reach on real tables.
@@ -71,12 +71,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_epochs = 100.0
   config.log_every_steps = 0
   config.eval_every_steps = 0
-  # Stop once 20 evaluations (about 20 epochs) in a row have not improved
-  # the validation loss: on the dev tables no run's best step came later
-  # than that after a better one (benchmarks/early_stopping.py,
+  # Stop once 15 evaluations (about 15 epochs) in a row have not improved
+  # the validation loss: on the dev and shared tables no run's best step
+  # came later than that after a better one (benchmarks/early_stopping.py,
   # docs/tables.md), and a small table's best comes within a few epochs of
   # the 100 it would otherwise train.
-  config.early_stopping_evals = 20
+  config.early_stopping_evals = 15
   # The eval file selects nothing: it is scored once, for the final model.
   config.eval_during_training = False
   return config
