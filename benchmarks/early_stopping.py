@@ -73,7 +73,7 @@ def lengths(paths: list[str]) -> None:
     if not losses:
       continue
     cap = json.loads(storage.read_text(storage.join(
-        path.rsplit('/', 1)[0], 'config.json')))['num_train_steps']
+        storage.dirname(path), 'config.json')))['num_train_steps']
     best = steps[int(np.argmin(losses))]
     rows.append([_name(path), cap, steps[-1], best,
                  f'{best / cap:.2f}'])

@@ -281,21 +281,28 @@ def test_early_stopping_reads_a_patience_as_the_best_tracker_stops():
         stop, tracker.best_step - 1), patience
 
 
-def test_early_stopping_lengths_reads_each_runs_cap_stop_and_best(tmp_path):
+def _early_stopping(tmp_path, records, *flags: str) -> str:
+  """early_stopping.py's output on one run (table/0, a 400-step cap) of
+  these metrics records."""
   workdir = tmp_path / 'runs' / 'table' / '0' / 'workdir'
   workdir.mkdir(parents=True)
   (workdir / 'config.json').write_text(json.dumps({'num_train_steps': 400}))
-  records = [{'step': 10 * i, 'train/loss': 1.0} for i in range(1, 4)] + [
-      {'step': 10 * i, 'val/loss': loss}
-      for i, loss in enumerate([0.9, 0.5, 0.5, 0.7], start=1)]
   (workdir / 'metrics.jsonl').write_text(
       ''.join(json.dumps(r) + '\n' for r in records))
   result = subprocess.run(
       [sys.executable, os.path.join(ROOT, 'benchmarks', 'early_stopping.py'),
-       f'--runs={tmp_path}', '--lengths'],
+       f'--runs={tmp_path}', *flags],
       capture_output=True, text=True, timeout=120, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
-  row = next(line for line in result.stdout.splitlines()
+  return result.stdout
+
+
+def test_early_stopping_lengths_reads_each_runs_cap_stop_and_best(tmp_path):
+  records = [{'step': 10 * i, 'train/loss': 1.0} for i in range(1, 4)] + [
+      {'step': 10 * i, 'val/loss': loss}
+      for i, loss in enumerate([0.9, 0.5, 0.5, 0.7], start=1)]
+  row = next(line for line in _early_stopping(
+      tmp_path, records, '--lengths').splitlines()
              if line.startswith('| table/0'))
   # The first of equal losses is the best, as BestTracker keeps it.
   assert [c.strip() for c in row.split('|')[1:-1]] == [
@@ -305,24 +312,16 @@ def test_early_stopping_lengths_reads_each_runs_cap_stop_and_best(tmp_path):
 def test_early_stopping_reads_patiences_off_runs_that_scored_the_eval_file_once(
     tmp_path):
   # The default runs: validation losses at every evaluation, no eval RMSE.
-  workdir = tmp_path / 'runs' / 'table' / '0' / 'workdir'
-  workdir.mkdir(parents=True)
   records = [{'step': 10 * i, 'val/loss': loss}
              for i, loss in enumerate([0.9, 0.6, 0.7, 0.5], start=1)]
-  (workdir / 'metrics.jsonl').write_text(
-      ''.join(json.dumps(r) + '\n' for r in records))
-  result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'benchmarks', 'early_stopping.py'),
-       f'--runs={tmp_path}', '--patiences=1,3'],
-      capture_output=True, text=True, timeout=120, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
+  stdout = _early_stopping(tmp_path, records, '--patiences=1,3')
   rows = {cells[0]: cells[1:] for cells in (
       [c.strip() for c in line.split('|')[1:-1]]
-      for line in result.stdout.splitlines() if line.startswith('| '))}
+      for line in stdout.splitlines() if line.startswith('| '))}
   # Patience 1 stops at step 30 with step 20's 0.6 for step 40's 0.5.
   assert rows['1'] == ['1.2000', '1.200', '', '', '', '0.75', '1']
   assert rows['3'] == ['1.0000', '1.000', '', '', '', '1.00', '0']
-  assert 'table/0 (20 for 40: val 1.200x)' in result.stdout
+  assert 'table/0 (20 for 40: val 1.200x)' in stdout
 
 
 def test_first_minute_big_section_reports_each_run_and_its_memory(tmp_path):

@@ -73,8 +73,7 @@ def held_out_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
   """`member_parts` of the members `members_K` (indices) alone: those that
   held out the fold of the rows `x_BxF`, all that their out-of-fold
   choice reads of them."""
-  params = jax.tree.map(lambda a: a[members_K], state.params)
-  return member_parts(graphdef, layout, state.replace(params=params), x_BxF)
+  return member_parts(graphdef, layout, _members(state, members_K), x_BxF)
 
 
 def held_out_member_parts_of_rows(graphdef: nnx.GraphDef, state: TrainState,
@@ -88,8 +87,13 @@ def held_out_member_parts_of_rows(graphdef: nnx.GraphDef, state: TrainState,
   than at every evaluation."""
   idx_B = idx_Bx1[:, 0]
   inputs = {name: a[idx_B] for name, a in table_z.items() if name != 'y'}
-  params = jax.tree.map(lambda a: a[members_K], state.params)
-  return _parts_of_inputs(graphdef, state.replace(params=params), inputs)
+  return _parts_of_inputs(graphdef, _members(state, members_K), inputs)
+
+
+def _members(state: TrainState, members_K: jax.Array) -> TrainState:
+  """`state` with the members `members_K` (indices) alone."""
+  return state.replace(params=jax.tree.map(lambda a: a[members_K],
+                                           state.params))
 
 
 def mixture(graphdef: nnx.GraphDef, layout: InputLayout, state: TrainState,

@@ -75,12 +75,12 @@ def held_out_member_parts(setup: Setup, state: state_lib.TrainState,
   members, n = state.num_members, x_NxF.shape[0]
   # Batches no larger than a fold: a small table's fold of 60 rows is not
   # padded to 1,024 (the data devices must still divide a batch).
+  fold_rows = [np.flatnonzero(fold_N == fold) for fold in range(folds)]
   data = setup.mesh.shape[sharding.DATA]
-  largest = max(np.count_nonzero(fold_N == fold) for fold in range(folds))
+  largest = max(len(rows) for rows in fold_rows)
   batch_size = min(batch_size, max(data, -(-largest // data) * data))
   parts = [None, None, None]
-  for fold in range(folds):
-    rows = np.flatnonzero(fold_N == fold)
+  for fold, rows in enumerate(fold_rows):
     held = np.arange(fold, members, folds, dtype=np.int32)
     if not len(rows) or not len(held):
       continue
