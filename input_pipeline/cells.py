@@ -16,9 +16,11 @@ cell of that shape that names no real date or time (`2021-13-45`,
 `2021-02-29`, `24:00`) is not a date, like any other text.
 
 **Numbers** are what pandas reads as numbers, and also text with commas
-that group digits in threes (`1,234,567.5`) or ending in a percent sign
-(`56.2%` is 56.2): a comma that groups anything else (`4,5`, a decimal
-comma) is not a number.
+that group digits in threes (`1,234,567.5`), ending in a percent sign
+(`56.2%` is 56.2) or with one currency sign before or after the number
+(`$1,234.50`, `-$5`, `12 €`; the sign is dropped, as the percent sign
+is): a comma that groups anything else (`4,5`, a decimal comma) is not a
+number.
 """
 
 from __future__ import annotations
@@ -59,6 +61,9 @@ _EPOCH_SHIFT = 719468.0
 _SECONDS_PER_DAY = 86400.0
 
 _THOUSANDS = re.compile(r'[+-]?[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]*)?')
+# Currency signs a money column's cells may carry: a spreadsheet's export
+# writes them, and the column is a number all the same.
+CURRENCY_SIGNS = '$€£¥₹'
 _SLASH_DATE = re.compile(r'[0-9]{1,2}[/.][0-9]{1,2}[/.][0-9]{2,4}')
 
 
@@ -204,7 +209,7 @@ def numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
   text = np.isnan(parsed) & values.notna().to_numpy()
   for row in np.flatnonzero(text):  # few, or a column of grouped numbers
     cell = str(values.iloc[row]).strip()
-    cell = cell[:-1].rstrip() if cell.endswith('%') else cell
+    cell = cell[:-1].rstrip() if cell.endswith('%') else _no_currency(cell)
     if _THOUSANDS.fullmatch(cell):
       cell = cell.replace(',', '')
     try:
@@ -213,6 +218,18 @@ def numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
       continue
     text[row] = False
   return parsed, text
+
+
+def _no_currency(cell: str) -> str:
+  """The cell without one currency sign before its number (after its
+  sign, if any: '-$5', '$-5') or after it ('12 €')."""
+  sign = cell[:1] if cell[:1] in '+-' else ''
+  rest = cell[len(sign):].lstrip()
+  if rest[:1] and rest[0] in CURRENCY_SIGNS:
+    return sign + rest[1:].lstrip()
+  if cell[-1:] and cell[-1] in CURRENCY_SIGNS:
+    return cell[:-1].rstrip()
+  return cell
 
 
 def booleans(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:

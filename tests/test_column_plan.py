@@ -1,5 +1,7 @@
 """input_pipeline.column_plan: every column's kind, and encoding with it."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -317,6 +319,28 @@ def test_grouped_thousands_and_percents_are_numbers():
   frame.loc[4, 'income'] = '4,5'
   with pytest.raises(DataError, match="data row 5 .*'4,5' is not a number"):
     column_plan.fit(frame, ('y',), path='train.csv')
+
+
+def test_money_with_a_currency_sign_is_a_number():
+  n = 30
+  money = ['$1,234.50', '-$5', '$-7', '12 €', '£3', '¥1,000', '+$2.5']
+  frame = pd.DataFrame({
+      'price': (money * 5)[:n],
+      'rating': ['$$', '$$$'] * (n // 2),  # levels, not money
+      'y': np.arange(n, dtype=float)})
+  plan = column_plan.fit(frame, ('y',), path='train.csv')
+  kinds = {c.name: c.kind for c in plan.features}
+  assert kinds == {'price': 'number', 'rating': 'category'}
+  x_NxI, _ = plan.encode(frame, 'train.csv')
+  np.testing.assert_array_equal(
+      x_NxI[:7, plan.input_names.index('price')],
+      [1234.5, -5, -7, 12, 3, 1000, 2.5])
+  # A sign with no number, or two signs, is text.
+  for text in ('$', '$$5', '5$$'):
+    frame.loc[4, 'price'] = text
+    with pytest.raises(DataError,
+                       match=rf"data row 5 .*'{re.escape(text)}' is not a number"):
+      column_plan.fit(frame, ('y',), path='train.csv')
 
 
 def test_list_and_struct_cells_are_left_out_and_refused_as_a_target():
