@@ -194,6 +194,34 @@ def test_a_small_run_cross_fitted_by_an_older_meshfit_resumes(
   assert max(r['step'] for r in records) == 350
 
 
+def test_a_run_whose_columns_this_meshfit_reads_otherwise_does_not_resume(
+    penguins_run, tmp_path):
+  # An older meshfit left out a column this one reads as numbers (money
+  # with a currency sign): resumed here, its state would not restore, and
+  # its checkpoints must not be taken for damaged and set aside.
+  config, workdir, _ = penguins_run
+  copy = str(tmp_path / 'run')
+  shutil.copytree(workdir, copy)
+  names = []
+
+  def left_out_by_an_older_meshfit(meta):
+    column = next(c for c in meta['column_plan']['features']
+                  if c['kind'] == 'number')
+    column.update(kind='left_out', has_missing=False,
+                  reason='nearly one value per row: an id or free text')
+    names.append(column['name'])
+  before = _edit_checkpoints(copy, left_out_by_an_older_meshfit)
+  config = config.copy_and_resolve_references()
+  config.num_train_steps = 350
+  with pytest.raises(UsageError, match=(
+      r"reads the training table's columns differently from this meshfit "
+      rf"\('{names[0]}': left_out in the checkpoint, number now\); finish "
+      r'that run with the meshfit that started it')):
+    loop.train_and_evaluate(config, copy)
+  assert sorted(os.listdir(os.path.join(copy, 'checkpoints'))) == before
+  assert not os.path.exists(os.path.join(copy, 'damaged_checkpoints'))
+
+
 def test_a_run_cross_fitted_on_blocks_of_rows_does_not_resume(tmp_path):
   # 4,096 rows: an older meshfit dealt blocks of 4 consecutive rows into
   # folds. Resumed here, its members would train on rows of their own new

@@ -8,6 +8,7 @@ logs, evaluates (`evaluations`, which validates: `validation`), checkpoints
 """
 
 import functools
+import json
 from collections.abc import Callable
 
 import jax
@@ -170,10 +171,25 @@ def _restore_or_init(config: Config, setup: Setup,
   return state, 0, BestTracker(config.early_stopping_evals)
 
 
+def _as_json(value) -> str:
+  return json.dumps(value, sort_keys=True)
+
+
+def _plan_change(before, now) -> str:
+  """The columns whose kind differs between two column plans, or what
+  else does."""
+  kinds = [{c.name: c.kind for c in p.features} for p in (before, now)]
+  changed = [f'{n!r}: {kinds[0].get(n, "absent")} in the checkpoint, '
+             f'{kinds[1].get(n, "absent")} now'
+             for n in sorted(kinds[0].keys() | kinds[1].keys())
+             if kinds[0].get(n) != kinds[1].get(n)]
+  return '; '.join(changed) or 'the same kinds, other values or vocabularies'
+
+
 def _check_resumable(meta: dict, config: Config, splits: splits_lib.Splits,
                      ckpt: checkpointer.Checkpointer, step: int) -> None:
   """Refuses a checkpoint of other data, another meshfit or config."""
-  reading.read_model(meta, step, ckpt.directory)
+  plan, _ = reading.read_model(meta, step, ckpt.directory)
   json_files.check_resume_compatible(meta['config'], config, step)
   if meta.get('train_key') != splits.train_key:
     path = config.dataset.train_path or config.dataset.name
@@ -181,6 +197,16 @@ def _check_resumable(meta: dict, config: Config, splits: splits_lib.Splits,
         f'the training data {path!r} is not what the checkpoint of step '
         f'{step} in {ckpt.directory} was trained on (its content changed); '
         'restore that file to resume, or train into a new --workdir')
+  # A meshfit that reads a cell differently (a money column it left out is
+  # a number now) plans other inputs: the state would not restore, and the
+  # checkpoints would be set aside as damaged.
+  if _as_json(plan.to_json()) != _as_json(splits.train.plan.to_json()):
+    raise UsageError(
+        f'the checkpoint of step {step} in {ckpt.directory} reads the '
+        'training table\'s columns differently from this meshfit ('
+        f'{_plan_change(plan, splits.train.plan)}); finish that run with the '
+        'meshfit that started it, or train into a new --workdir (eval and '
+        'predict read its checkpoints as they are)')
   # A checkpoint without 'fold_rows' dealt the order's blocks into folds:
   # those of a table under 2,048 rows are single rows, the same folds.
   dealt = meta.get('fold_rows', block_rows(splits.train.num_examples))
