@@ -207,17 +207,27 @@ def numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
   parsed = pd.to_numeric(values, errors='coerce').to_numpy(
       np.float64, na_value=np.nan, copy=True)
   text = np.isnan(parsed) & values.notna().to_numpy()
-  for row in np.flatnonzero(text):  # few, or a column of grouped numbers
-    cell = str(values.iloc[row]).strip()
-    cell = cell[:-1].rstrip() if cell.endswith('%') else _no_currency(cell)
-    if _THOUSANDS.fullmatch(cell):
-      cell = cell.replace(',', '')
-    try:
-      parsed[row] = float(cell)
-    except ValueError:
-      continue
-    text[row] = False
+  rows = np.flatnonzero(text)  # few, or a column of grouped numbers or money
+  # One pass over a plain list: indexing the Series cell by cell cost a
+  # million such cells 8 s.
+  got = [_marked_number(v) for v in values.to_numpy()[rows].tolist()]
+  read = np.fromiter((g is not None for g in got), bool, len(got))
+  parsed[rows[read]] = [g for g in got if g is not None]
+  text[rows[read]] = False
   return parsed, text
+
+
+def _marked_number(value: Any) -> float | None:
+  """A cell pandas did not read as a number, read without its marks (a
+  percent sign, a currency sign, thousands groups); None if it is text."""
+  cell = str(value).strip()
+  cell = cell[:-1].rstrip() if cell.endswith('%') else _no_currency(cell)
+  if _THOUSANDS.fullmatch(cell):
+    cell = cell.replace(',', '')
+  try:
+    return float(cell)
+  except ValueError:
+    return None
 
 
 def _no_currency(cell: str) -> str:
