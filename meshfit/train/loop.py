@@ -17,6 +17,7 @@ import numpy as np
 from absl import logging
 
 import storage
+from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.order import block_rows
 from input_pipeline.tables import Table
 from meshfit import config as config_lib
@@ -171,11 +172,11 @@ def _restore_or_init(config: Config, setup: Setup,
   return state, 0, BestTracker(config.early_stopping_evals)
 
 
-def _as_json(value) -> str:
+def _as_json(value: dict) -> str:
   return json.dumps(value, sort_keys=True)
 
 
-def _plan_change(before, now) -> str:
+def _plan_change(before: ColumnPlan, now: ColumnPlan) -> str:
   """The columns whose kind differs between two column plans, or what
   else does."""
   kinds = [{c.name: c.kind for c in p.features} for p in (before, now)]
