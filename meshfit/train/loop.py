@@ -8,7 +8,6 @@ logs, evaluates (`evaluations`, which validates: `validation`), checkpoints
 """
 
 import functools
-import json
 from collections.abc import Callable
 
 import jax
@@ -172,10 +171,6 @@ def _restore_or_init(config: Config, setup: Setup,
   return state, 0, BestTracker(config.early_stopping_evals)
 
 
-def _as_json(value: dict) -> str:
-  return json.dumps(value, sort_keys=True)
-
-
 def _plan_change(before: ColumnPlan, now: ColumnPlan) -> str:
   """The columns whose kind differs between two column plans, or what
   else does."""
@@ -201,7 +196,7 @@ def _check_resumable(meta: dict, config: Config, splits: splits_lib.Splits,
   # A meshfit that reads a cell differently (a money column it left out is
   # a number now) plans other inputs: the state would not restore, and the
   # checkpoints would be set aside as damaged.
-  if _as_json(plan.to_json()) != _as_json(splits.train.plan.to_json()):
+  if plan != splits.train.plan:
     raise UsageError(
         f'the checkpoint of step {step} in {ckpt.directory} reads the '
         'training table\'s columns differently from this meshfit ('
