@@ -305,7 +305,7 @@ def test_a_damaged_generated_dataset_on_gs_is_named_by_its_url(gcs_dir):
   assert directory in str(e.value) and 'meshfit-tfds-' not in str(e.value)
 
 
-# The bad inputs of issue 29: each is one line naming the setting and what
+# The bad inputs of a gs:// table: each is one line naming the setting and what
 # is wrong (DataError; train.py prints it as `error: ...`, exit 2).
 _BAD = {
     'glob_matches_nothing': (

@@ -1,4 +1,4 @@
-"""One file is enough (issue 32): train.py on a user's one table, without an
+"""One file is enough: train.py on a user's one table, without an
 eval file, then eval, predict and export on the run; a table too large to
 cross-fit held out instead; and no eval file without validation refused."""
 
