@@ -294,8 +294,9 @@ def test_2x4_then_4x2_then_1x1_ends_as_the_unchanged_run(
   _assert_same_run(workdir, reference)
 
 
-# A dead peer. The documented bound (README.md, "Multi-host"): the others exit
-# within --heartbeat_timeout_seconds plus a few seconds.
+# A dead peer. The documented bound (README.md, "Preemption, resuming and
+# several hosts"): the others exit within --heartbeat_timeout_seconds plus a
+# few seconds.
 HEARTBEAT_TIMEOUT_S = 10
 EXIT_BOUND_S = HEARTBEAT_TIMEOUT_S + 5
 
