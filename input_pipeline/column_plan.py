@@ -286,6 +286,11 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
                               named=bool(feature_columns), file_name=name,
                               min_count=min_count)
                   for c in chosen)
+  if not columns:
+    raise DataError(
+        f'{name} has no column besides the target(s) '
+        f'{", ".join(target_columns)}: a model needs at least one feature '
+        'column to predict from; add one to the file')
   if not any(c.kind != 'left_out' for c in columns):
     raise DataError(
         f'{name} has no usable feature besides the targets '
@@ -345,8 +350,9 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
   if pd.api.types.is_bool_dtype(values) or cells.is_boolean_text(present):
     return Column(name, 'boolean', has_missing)
   if pd.api.types.is_datetime64_any_dtype(values):
+    # A timestamp column (Parquet's dates): the seconds its text would be.
     return Column(name, 'datetime', has_missing,
-                  parts=_parts(pd.to_datetime(present)))
+                  parts=_parts(cells.date_seconds(present)[0]))
   if pd.api.types.is_numeric_dtype(values):
     return Column(name, 'number', has_missing)
   numbers, text_mask = cells.numbers(present)

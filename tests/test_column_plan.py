@@ -371,3 +371,29 @@ def test_a_constant_column_of_numbers_is_told_as_its_text_tells_it(values):
   series = pd.Series(values)
   assert cells.is_constant(series) == (
       series.astype(object).map(cells.as_text).nunique() == 1)
+
+
+@pytest.mark.parametrize('tz', [None, 'Europe/Paris'])
+def test_a_parquet_timestamp_column_is_a_date_read_as_its_text_is(tz):
+  """A timestamp column (how Parquet stores dates; naive or with a zone)
+  gets the parts its text would, and encodes to the same numbers."""
+  stamps = pd.date_range('2020-01-01 06:00', periods=30, freq='37h', tz=tz)
+  frame = pd.DataFrame({'when': stamps, 'y': np.arange(30.0)})
+  plan = column_plan.fit(frame, ('y',), path='train.parquet')
+  as_text = pd.DataFrame({'when': stamps.tz_convert('UTC').strftime(
+      '%Y-%m-%dT%H:%M:%SZ') if tz else stamps.strftime('%Y-%m-%dT%H:%M:%S')})
+  assert plan.features[0].kind == 'datetime'
+  assert plan.features[0].parts == column_plan.DATETIME_PARTS + ('hour',)
+  assert plan == column_plan.fit(as_text.assign(y=frame['y']), ('y',),
+                                 path='train.csv')
+  frame.loc[4, 'when'] = pd.NaT
+  as_text.loc[4, 'when'] = ''
+  np.testing.assert_array_equal(plan.encode(frame, 'x.parquet')[0],
+                                plan.encode(as_text, 'x.csv')[0])
+
+
+def test_a_table_of_targets_alone_is_refused_saying_so():
+  frame = pd.DataFrame({'y': np.arange(30.0)})
+  with pytest.raises(DataError, match="'train.csv' has no column besides "
+                     'the target.s. y: a model needs at least one feature'):
+    column_plan.fit(frame, ('y',), path='train.csv')
