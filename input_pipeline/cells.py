@@ -16,11 +16,15 @@ cell of that shape that names no real date or time (`2021-13-45`,
 `2021-02-29`, `24:00`) is not a date, like any other text.
 
 **Numbers** are what pandas reads as numbers, and also text with commas
-that group digits in threes (`1,234,567.5`), ending in a percent sign
-(`56.2%` is 56.2) or with one currency sign before or after the number
-(`$1,234.50`, `-$5`, `12 €`; the sign is dropped, as the percent sign
-is): a comma that groups anything else (`4,5`, a decimal comma) is not a
-number.
+that group digits in threes (`1,234,567.5`; the first group is no `0`),
+ending in a percent sign (`56.2%` is 56.2) or with one currency sign
+before or after the number (`$1,234.50`, `-$5`, `12 €`; the sign is
+dropped, as the percent sign is): a comma that groups anything else
+(`4,5`, `0,500`) is not a number. In a semicolon-separated file (how a
+spreadsheet in a decimal-comma locale writes CSV; table_files marks its
+frames with DECIMAL_ATTR) a comma is the decimal mark instead, `0,500`
+being 0.5 and `12,250` 12.25, a point is one too, and no digits are
+grouped.
 """
 
 from __future__ import annotations
@@ -60,7 +64,11 @@ DATE_FORMS = ('YYYY-MM-DD, optionally with a time THH:MM[:SS[.fff]] and Z '
 _EPOCH_SHIFT = 719468.0
 _SECONDS_PER_DAY = 86400.0
 
-_THOUSANDS = re.compile(r'[+-]?[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]*)?')
+# Where a frame says which decimal mark its file uses (pandas' DataFrame.attrs
+# follow a frame's columns and slices): ',' or, when absent, '.'.
+DECIMAL_ATTR = 'meshfit.decimal'
+_THOUSANDS = re.compile(r'[+-]?[1-9][0-9]{0,2}(?:,[0-9]{3})+(?:\.[0-9]*)?')
+_DECIMAL_COMMA = re.compile(r'[+-]?[0-9]*,[0-9]+')
 # Currency signs a money column's cells may carry: a spreadsheet's export
 # writes them, and the column is a number all the same.
 CURRENCY_SIGNS = '$€£¥₹'
@@ -208,21 +216,26 @@ def numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
       np.float64, na_value=np.nan, copy=True)
   text = np.isnan(parsed) & values.notna().to_numpy()
   rows = np.flatnonzero(text)  # few, or a column of grouped numbers or money
+  comma = values.attrs.get(DECIMAL_ATTR) == ','
   # One pass over a plain list: indexing the Series cell by cell cost a
   # million such cells 8 s.
-  got = [_marked_number(v) for v in values.to_numpy()[rows].tolist()]
+  got = [_marked_number(v, comma) for v in values.to_numpy()[rows].tolist()]
   read = np.fromiter((g is not None for g in got), bool, len(got))
   parsed[rows[read]] = [g for g in got if g is not None]
   text[rows[read]] = False
   return parsed, text
 
 
-def _marked_number(value: Any) -> float | None:
+def _marked_number(value: Any, decimal_comma: bool = False) -> float | None:
   """A cell pandas did not read as a number, read without its marks (a
-  percent sign, a currency sign, thousands groups); None if it is text."""
+  percent sign, a currency sign, thousands groups, or with `decimal_comma`
+  a decimal comma); None if it is text."""
   cell = str(value).strip()
   cell = cell[:-1].rstrip() if cell.endswith('%') else _no_currency(cell)
-  if _THOUSANDS.fullmatch(cell):
+  if decimal_comma:
+    if _DECIMAL_COMMA.fullmatch(cell):
+      cell = cell.replace(',', '.')
+  elif _THOUSANDS.fullmatch(cell):
     cell = cell.replace(',', '')
   try:
     return float(cell)
@@ -327,6 +340,11 @@ def checked_numbers(values: pd.Series, column: str, file_name: str,
            if target or boolean or not training else
            'fix that cell, leave it empty for a missing value, or name '
            'the column in dataset.categorical_columns to treat it as text')
+    if (text[row] and not boolean and values.attrs.get(DECIMAL_ATTR) != ','
+        and _DECIMAL_COMMA.fullmatch(str(cell).strip())):
+      fix += ('; a decimal comma is read in a semicolon-separated file '
+              'alone: write 4.5 for 4,5, or separate the fields with '
+              'semicolons')
     raise DataError(
         f'{file_name}, column {column!r}, data row {first_row + row + 1} '
         f'(1-based, header not counted): {problem}{more}; {fix}')

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import storage
+from input_pipeline import cells
 from input_pipeline.errors import DataError
 from input_pipeline.paths import named
 
@@ -108,6 +109,27 @@ def _duplicate_error(name: str, header: Sequence[object]) -> DataError | None:
 MISSING_TOKENS = ('?',)
 # Field separators a header is checked for, in order of preference.
 DELIMITERS = (',', ';', '\t', '|')
+# The separator of files whose decimal mark is a comma: a spreadsheet in a
+# decimal-comma locale writes CSV so (cells.py reads their numbers).
+DECIMAL_COMMA_DELIMITER = ';'
+
+
+def _csv_options(delimiter: str) -> dict:
+  """pandas.read_csv's options for a file of this field separator."""
+  # skipinitialspace: "a, b" headers and values are common in hand-made
+  # files. index_col=False: rows with one field more than the header would
+  # otherwise silently shift every column onto the first one as an index.
+  options = dict(skipinitialspace=True, index_col=False, sep=delimiter)
+  if delimiter == DECIMAL_COMMA_DELIMITER:
+    options['decimal'] = ','
+  return options
+
+
+def _marked(frame: pd.DataFrame, delimiter: str) -> pd.DataFrame:
+  """`frame`, marked with its file's decimal mark for cells.py."""
+  if delimiter == DECIMAL_COMMA_DELIMITER:
+    frame.attrs[cells.DECIMAL_ATTR] = ','
+  return frame
 
 
 def detect_delimiter(data: bytes) -> str:
@@ -159,11 +181,8 @@ def _pieces(path: str) -> Iterator[bytes]:
 
 def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
-  # skipinitialspace: "a, b" headers and values are common in hand-made
-  # files. index_col=False: rows with one field more than the header would
-  # otherwise silently shift every column onto the first one as an index.
   delimiter = detect_delimiter(data)
-  options = dict(skipinitialspace=True, index_col=False, sep=delimiter)
+  options = _csv_options(delimiter)
   try:
     with warnings.catch_warnings():
       # The warning for rows longer than the header: data would be dropped.
@@ -187,7 +206,7 @@ def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
                      ) from None
   if (error := _duplicate_error(name, header)) is not None:
     raise error
-  return frame
+  return _marked(frame, delimiter)
 
 
 def _parse_parquet(data: bytes, name: str) -> pd.DataFrame:
@@ -267,7 +286,7 @@ def _csv_frames(path: str, name: str, chunk_rows: int
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row')
   delimiter = detect_delimiter(head)
-  options = dict(skipinitialspace=True, index_col=False, sep=delimiter)
+  options = _csv_options(delimiter)
   separated = {',': 'comma', ';': 'semicolon', '\t': 'tab',
                '|': 'bar'}[delimiter]
   errors = (pd.errors.ParserError, pd.errors.ParserWarning, ValueError)
@@ -284,7 +303,8 @@ def _csv_frames(path: str, name: str, chunk_rows: int
       with storage.open(path, 'rb') as f, pd.read_csv(
           f, na_values=list(MISSING_TOKENS), chunksize=chunk_rows,
           **options) as reader:
-        yield from reader
+        for frame in reader:
+          yield _marked(frame, delimiter)
   except pd.errors.EmptyDataError:
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row') from None

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from cli_helpers import small_frame as _frame, write_table as _write
 
-from input_pipeline import table_files
+from input_pipeline import column_plan, table_files
 from input_pipeline.errors import DataError
 
 
@@ -26,7 +26,10 @@ def test_the_delimiter_is_read_from_the_header(tmp_path, delimiter):
                   f'4{delimiter}5{delimiter}6\n')
   read = table_files.read_frame(str(path))
   assert list(read.columns) == ['a', 'b', 'y']
-  assert read['b'].tolist() == ['2,5', '5']  # commas are data here
+  # Commas are data here: a decimal comma in a semicolon-separated file (a
+  # spreadsheet in a decimal-comma locale writes it so), else text.
+  assert read['b'].tolist() == ([2.5, 5.0] if delimiter == ';' else
+                                ['2,5', '5'])
 
 
 def test_missing_cells_read_as_missing(tmp_path):
@@ -104,3 +107,44 @@ def test_a_file_that_is_not_utf8_is_named_with_the_line_and_the_fix(
       message)
   assert 're-save the file as UTF-8' in message
   assert 'fields as the header' not in message
+
+
+def _decimal_comma_table(tmp_path) -> str:
+  """A semicolon-separated file as a decimal-comma spreadsheet writes it."""
+  rows = ['a;b;cat;y'] + [f'0,{i:03d};12,250;{c};{i}'
+                          for i, c in zip(range(500, 530), 'rgb' * 10)]
+  rows[3] = '1.5;12,250;r;3'  # a point reads as a decimal point too
+  (tmp_path / 't.csv').write_text('\n'.join(rows) + '\n')
+  return str(tmp_path / 't.csv')
+
+
+def test_a_semicolon_file_reads_decimal_commas_alike_everywhere(tmp_path):
+  path = _decimal_comma_table(tmp_path)
+  whole = table_files.read_frame(path)  # eval and predict read it so
+  chunks = [f for f, _ in table_files.iter_frames(path, '', 7)]  # training
+  plan = column_plan.fit(whole, ('y',), path=path)
+  assert [c.kind for c in plan.features] == ['number', 'left_out',
+                                              'category']
+  want = [0.5, 0.501, 1.5, 0.503]
+  np.testing.assert_allclose(plan.encode(whole, path)[0][:4, 0], want)
+  np.testing.assert_allclose(plan.encode(chunks[0], path)[0][:4, 0], want)
+  assert plan.features[1].reason.startswith('12.25 in every')
+
+
+@pytest.mark.parametrize('cell', ['0,500', '-0,125', '4,5'])
+def test_a_decimal_comma_elsewhere_is_refused_not_read_as_thousands(
+    tmp_path, cell):
+  frame = pd.DataFrame({'a': ['1,250', '2,500,000'] * 15,
+                        'y': np.arange(30.0)})
+  frame.loc[7, 'a'] = cell
+  frame.to_csv(tmp_path / 't.csv', index=False)
+  read = table_files.read_frame(str(tmp_path / 't.csv'))
+  with pytest.raises(DataError) as e:
+    column_plan.fit(read, ('y',), path='t.csv')
+  assert f"data row 8 (1-based, header not counted): '{cell}' is not a " in (
+      str(e.value))
+  assert 'a decimal comma is read in a semicolon-separated file' in str(
+      e.value)
+  plan = column_plan.fit(read.drop(7), ('y',), path='t.csv')
+  np.testing.assert_array_equal(plan.encode(read.iloc[:2], 't.csv')[0][:, 0],
+                                [1250, 2500000])
