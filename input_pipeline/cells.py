@@ -40,9 +40,22 @@ from input_pipeline.errors import DataError
 if TYPE_CHECKING:
   import pandas as pd
 
-# What TensorFlow's tf.strings.strip removes (ASCII whitespace), so that
-# both sides strip the same characters.
-WHITESPACE = ' \t\n\v\f\r'
+# What a cell is stripped of on every side: Python's whitespace (each
+# character for which str.isspace() holds, the no-break and ideographic
+# spaces too), which export_tf strips with a pattern made of the same
+# characters (tf.strings.strip strips ASCII alone).
+WHITESPACE = ('\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001'
+              '\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028'
+              '\u2029\u202f\u205f\u3000')
+# The cells that mean "missing", once stripped, besides an empty one: in
+# every column of a CSV or Parquet file, in training, predict and the
+# SavedModel alike. pandas' own list (written out, so that it changes only
+# here) and the UCI repository's '?'. A category whose real value is one of
+# them (Namibia's code NA) is read as missing too: training warns of it.
+MISSING_TOKENS = ('#N/A', '#N/A N/A', '#NA', '-1.#IND', '-1.#QNAN', '-NaN',
+                  '-nan', '1.#IND', '1.#QNAN', '<NA>', 'N/A', 'NA', 'NULL',
+                  'NaN', 'None', 'n/a', 'nan', 'null', '?')
+_MISSING_TEXT = frozenset(MISSING_TOKENS) | {''}
 # Rewritten, in order, into the form DATE_PATTERN reads (regular
 # expressions that Python's re and RE2, TensorFlow's, read alike).
 DATE_REWRITES = (
@@ -79,7 +92,27 @@ def as_text(value: Any) -> str:
   """A cell as text: integral floats lose their '.0'."""
   if isinstance(value, float) and value.is_integer():
     return str(int(value))
-  return str(value).strip()
+  return str(value).strip(WHITESPACE)
+
+
+def without_tokens(values: pd.Series) -> pd.Series:
+  """`values` with every text cell that means missing (MISSING_TOKENS or
+  nothing, once stripped) made missing.
+
+  pandas' CSV reader makes the exact tokens missing; a Parquet file's text,
+  or a token padded with spaces, is made so here, for every reader alike.
+  """
+  if not is_text(values):
+    return values
+  tokens = np.fromiter((isinstance(v, str) and v.strip(WHITESPACE)
+                        in _MISSING_TEXT for v in values.tolist()), bool,
+                       len(values))
+  return values.mask(tokens) if tokens.any() else values
+
+
+def is_missing_token(text: str) -> bool:
+  """Whether a cell's text means missing (see MISSING_TOKENS)."""
+  return text.strip(WHITESPACE) in _MISSING_TEXT
 
 
 def is_constant(values: pd.Series) -> bool:
@@ -179,8 +212,9 @@ def date_seconds(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
         np.float64, na_value=np.nan)
     return seconds, np.zeros(len(values), bool)
   blank = values.isna().to_numpy()
-  # Text stripped of ASCII whitespace alone, as TensorFlow strips it.
-  text = pd.Series(['' if b else v.strip(WHITESPACE) if isinstance(v, str)
+  # Stripped as the SavedModel strips it; a missing token is no date.
+  text = pd.Series(['' if b or (isinstance(v, str) and is_missing_token(v))
+                    else v.strip(WHITESPACE) if isinstance(v, str)
                     else as_text(v) for v, b in zip(values, blank)],
                    dtype=object)
   for pattern, rewrite in DATE_REWRITES:

@@ -205,7 +205,7 @@ class ColumnPlan:
       if column.name not in frame.columns:
         raise table_files.missing_column_error(
             frame, column.name, name, ' (a feature the model was trained on)')
-      values = frame[column.name]
+      values = cells.without_tokens(frame[column.name])
       width = len(column.input_names)
       if column.kind in ('number', 'boolean'):
         x_NxI[:, i] = cells.checked_numbers(
@@ -236,8 +236,9 @@ class ColumnPlan:
       if target not in frame.columns:
         raise table_files.missing_column_error(frame, target, name,
                                                ' (a target)')
-      y_NxT[:, t] = cells.checked_numbers(frame[target], target, name,
-                                          target=True, first_row=first_row)
+      y_NxT[:, t] = cells.checked_numbers(
+          cells.without_tokens(frame[target]), target, name, target=True,
+          first_row=first_row)
     return y_NxT
 
 
@@ -271,7 +272,7 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
       raise table_files.missing_column_error(frame, column, name,
                                              f' named in {key}')
   for target in target_columns:
-    values = frame[target]
+    values = cells.without_tokens(frame[target])
     if cells.holds_lists(values):
       raise DataError(f'{name}, column {target!r} (a target) holds lists or '
                       'structs; a target must be one number per row')
@@ -326,6 +327,7 @@ def unseen_warning(unseen: dict[str, int], path: str,
 def _fit_column(values: pd.Series, name: str, categorical: bool,
                 named: bool, file_name: str, min_count: int) -> Column:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
+  values = cells.without_tokens(values)
   missing = values.isna()
   has_missing = bool(missing.any())
   present = values[~missing]

@@ -20,6 +20,7 @@ already prepared dataset never parses a file.
 from __future__ import annotations
 
 import codecs
+import collections
 import contextlib
 import io
 import re
@@ -104,9 +105,9 @@ def _duplicate_error(name: str, header: Sequence[object]) -> DataError | None:
   return None
 
 
-# Besides pandas' own (NA, N/A, NaN, null, an empty cell, ...), a cell that
-# means "missing" in files as they come: the UCI repository's '?'.
-MISSING_TOKENS = ('?',)
+# The cells pandas' CSV reader makes missing: an empty one and
+# cells.MISSING_TOKENS (column_plan makes a padded or Parquet one missing).
+_NA_VALUES = ['', *cells.MISSING_TOKENS]
 # Field separators a header is checked for, in order of preference.
 DELIMITERS = (',', ';', '\t', '|')
 # The separator of files whose decimal mark is a comma: a spreadsheet in a
@@ -119,7 +120,8 @@ def _csv_options(delimiter: str) -> dict:
   # skipinitialspace: "a, b" headers and values are common in hand-made
   # files. index_col=False: rows with one field more than the header would
   # otherwise silently shift every column onto the first one as an index.
-  options = dict(skipinitialspace=True, index_col=False, sep=delimiter)
+  options = dict(skipinitialspace=True, index_col=False, sep=delimiter,
+                 keep_default_na=False)
   if delimiter == DECIMAL_COMMA_DELIMITER:
     options['decimal'] = ','
   return options
@@ -189,8 +191,8 @@ def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
       warnings.simplefilter('error', pd.errors.ParserWarning)
       # pandas renames a repeated column 'a' to 'a.1'; read the header raw.
       header = pd.read_csv(io.BytesIO(data), header=None, nrows=1, dtype=str,
-                           keep_default_na=False, **options).iloc[0].tolist()
-      frame = pd.read_csv(io.BytesIO(data), na_values=list(MISSING_TOKENS),
+                           **options).iloc[0].tolist()
+      frame = pd.read_csv(io.BytesIO(data), na_values=_NA_VALUES,
                           **options)
   except pd.errors.EmptyDataError:
     raise DataError(f'{name} is empty; it needs a header row and at least '
@@ -295,13 +297,13 @@ def _csv_frames(path: str, name: str, chunk_rows: int
       warnings.simplefilter('error', pd.errors.ParserWarning)
       with storage.open(path, 'rb') as f:
         header = pd.read_csv(f, header=None, nrows=1, dtype=str,
-                             keep_default_na=False, **options).iloc[0].tolist()
+                             **options).iloc[0].tolist()
       if (error := _duplicate_error(name, header)) is not None:
         raise error
       # On gs:// a buffered file of sequential ranged reads: the file
       # streams through, as a local one does.
       with storage.open(path, 'rb') as f, pd.read_csv(
-          f, na_values=list(MISSING_TOKENS), chunksize=chunk_rows,
+          f, na_values=_NA_VALUES, chunksize=chunk_rows,
           **options) as reader:
         for frame in reader:
           yield _marked(frame, delimiter)
@@ -348,6 +350,45 @@ def _parquet_frames(path: str, name: str, chunk_rows: int
     raise DataError(f'{name} is not a readable Parquet file '
                      f'({_one_line(e)}); write it again, or name a CSV file '
                      '.csv') from None
+
+
+def missing_tokens(path: str, columns: Sequence[str], rows: int
+                   ) -> dict[str, collections.Counter]:
+  """How often each of `columns` holds each of cells.MISSING_TOKENS (once
+  stripped) in the file's first `rows` data rows, read as the file has them
+  (the readers make them missing): for a warning when one is a real value.
+
+  Args:
+    path: a file `iter_frames` has read (so it is known to be readable).
+    columns: the columns to count in.
+    rows: how many data rows to read, from the first.
+
+  Returns:
+    {column: Counter of token -> cells}, for the columns that hold one.
+  """
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
+  import pyarrow.parquet as pq  # noqa: PLC0415
+  if not columns:
+    return {}
+  with storage.open(path, 'rb') as f:
+    if is_parquet(path):
+      batch = next(pq.ParquetFile(f).iter_batches(batch_size=rows,
+                                                  columns=list(columns)))
+      frame = batch.to_pandas()
+    else:
+      delimiter = detect_delimiter(f.read(1 << 16))
+      f.seek(0)
+      frame = pd.read_csv(f, usecols=list(columns), nrows=rows, dtype=str,
+                          na_filter=False, **_csv_options(delimiter))
+  out = {}
+  for column in columns:
+    counts = collections.Counter(
+        v.strip(cells.WHITESPACE) for v in frame[column].tolist()
+        if isinstance(v, str) and cells.is_missing_token(v))
+    counts.pop('', None)  # an empty cell is missing, as everyone reads it
+    if counts:
+      out[column] = counts
+  return out
 
 
 def read_frame(path: str, source: str = '') -> pd.DataFrame:

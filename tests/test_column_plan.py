@@ -397,3 +397,36 @@ def test_a_table_of_targets_alone_is_refused_saying_so():
   with pytest.raises(DataError, match="'train.csv' has no column besides "
                      'the target.s. y: a model needs at least one feature'):
     column_plan.fit(frame, ('y',), path='train.csv')
+
+
+# Cells that mean missing however a file holds them: a CSV's exact token,
+# Parquet's text (pandas does not read it), one padded with spaces.
+_TOKENS = ['NA', 'null', 'None', 'n/a', ' NA ', 'nan\u00a0', '?', '']
+
+
+@pytest.mark.parametrize('column', ['city', 'size', 'new', 'sold'])
+def test_the_missing_tokens_are_missing_in_every_kind_of_column(column):
+  frame = _table()
+  plan = _fit(frame)
+  tokens = frame.iloc[:len(_TOKENS)].copy()
+  tokens[column] = pd.Series(_TOKENS, dtype=object)
+  tokens['id'] = [f'token{i}' for i in range(len(_TOKENS))]
+  refit = _fit(pd.concat([tokens, frame], ignore_index=True))
+  # Read as missing: the kinds and vocabularies stay the file's own.
+  assert [(c.name, c.kind, c.vocabulary) for c in refit.features] == [
+      (c.name, c.kind, c.vocabulary) for c in plan.features]
+  blank = tokens.copy()
+  blank[column] = None
+  np.testing.assert_array_equal(plan.encode(tokens, 'x.parquet')[0],
+                                plan.encode(blank, 'x.parquet')[0])
+  assert set(cells.MISSING_TOKENS) >= {'NA', 'null', 'None', 'n/a', '?'}
+
+
+def test_a_category_value_with_unicode_spaces_is_that_value():
+  plan = _fit(_table())
+  frame = _table().iloc[:4].copy()
+  frame['city'] = ['rome\u00a0', '\u2003oslo', 'paris\u3000', 'rome']
+  codes = plan.encode(frame, 'x.csv')[0][:, plan.input_names.index('city')]
+  vocabulary = plan.features[3].vocabulary
+  assert [vocabulary[int(c) - column_plan.FIRST_VALUE_CODE]
+          for c in codes] == ['rome', 'oslo', 'paris', 'rome']
