@@ -411,10 +411,15 @@ def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,
                  source: str = '') -> pd.DataFrame:
   """Columns to copy unchanged into a predictions table (ids, keys, ...).
 
+  An id is a join key: a CSV file's cells are kept as the text they are
+  (`00123`, `NA`, `1e5` and a blank stay so, an integer column with a gap
+  stays integers), read again from `path` with no conversion at all; a
+  Parquet file's columns keep their values and Arrow types.
+
   Args:
-    frame: a frame from `read_frame` / `parse`.
+    frame: a frame from `read_frame` / `parse` of `path`.
     columns: the names to keep, in output order; any dtype.
-    path: the file the frame came from, named in messages.
+    path: the file the frame came from, read again for these columns.
     source: the setting or flag the path came from, named in messages.
 
   Returns:
@@ -423,6 +428,8 @@ def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,
   Raises:
     DataError: a column is missing or named twice.
   """
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
+  import pyarrow.parquet as pq  # noqa: PLC0415
   name = describe(path, source)
   if (error := _duplicate_error(f'the columns to keep from {name}',
                                 list(columns))) is not None:
@@ -430,4 +437,19 @@ def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,
   for column in columns:
     if column not in frame.columns:
       raise missing_column_error(frame, column, name, ' (asked to keep it)')
-  return frame[list(columns)].reset_index(drop=True)
+  data = read_bytes(path, source)
+  if is_parquet(path):
+    kept = pq.read_table(io.BytesIO(data), columns=list(columns)).to_pandas(
+        types_mapper=pd.ArrowDtype)
+  else:
+    # By position: the frame's names are pandas' (stripped, 'Unnamed: 3').
+    positions = sorted(list(frame.columns).index(c) for c in columns)
+    options = {**_csv_options(detect_delimiter(data)),
+               'skipinitialspace': False}
+    options.pop('decimal', None)
+    kept = pd.read_csv(io.BytesIO(data), usecols=positions, dtype=str,
+                       na_filter=False, **options)
+    kept.columns = [frame.columns[i] for i in positions]
+  if len(kept) != len(frame):
+    raise DataError(f'{name} changed while it was read; run again')
+  return kept[list(columns)].reset_index(drop=True)
