@@ -51,7 +51,7 @@ import numpy as np
 from absl import logging
 
 import storage
-from input_pipeline import column_plan, file_keys, table_files
+from input_pipeline import cells, column_plan, file_keys, table_files
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 from input_pipeline.paths import named
@@ -228,6 +228,14 @@ def _write_plan(directory: str, files: Sequence[str], source: str,
   if (warning := column_plan.left_out_warning(plan)) is not None:
     logging.warning('csv_regression: %s.', warning)
   _warn_of_tokens(files, plan)
+  for target in plan.targets:
+    values = cells.without_tokens(frame[target]).dropna()
+    if len(values) and cells.is_constant(values):
+      logging.warning(
+          'csv_regression: target %r holds %s in every training row: the '
+          'model can only learn to predict that, and r2 (which compares '
+          'the error with the target\'s spread) is none, written null.',
+          target, cells.as_text(values.iloc[0]))
   _write_json(storage.join(directory, PLAN), plan.to_json())
 
 

@@ -412,3 +412,31 @@ def test_a_table_with_parquet_timestamps_trains(tmp_path):
                          'meta', 'metadata'), encoding='utf-8') as f:
     plan = json.load(f)['column_plan']
   assert [c['kind'] for c in plan['features']] == ['datetime'] * 2
+
+
+def _strict_json(text: str):
+  """JSON as the standard has it: NaN and Infinity are no JSON."""
+  def refuse(constant):
+    raise ValueError(f'{constant} is not JSON')
+  return json.loads(text, parse_constant=refuse)
+
+
+def test_a_constant_target_writes_valid_json_and_is_warned_of(
+    tmp_path, absl_caplog):
+  rng = np.random.default_rng(6)
+  frame = pd.DataFrame({'a': rng.normal(size=100), 'y': 5.0})
+  frame.to_csv(tmp_path / 't.csv', index=False)
+  config = _config(tmp_path, str(tmp_path / 't.csv'), str(tmp_path / 't.csv'),
+                   targets=('y',), **{'num_train_steps': 20,
+                                      'eval_every_steps': 10,
+                                      'model.ensemble_size': 2,
+                                      'dataset.validation_folds': 2})
+  workdir = tmp_path / 'run'
+  loop.train_and_evaluate(config, str(workdir))
+  assert "target 'y' holds 5 in every training row" in absl_caplog.text
+  result = evaluate.evaluate(config, str(workdir))
+  written = _strict_json((workdir / 'eval' / f'step_{result["step"]}.json'
+                          ).read_text())
+  assert written['r2'] is None and written['rmse'] < 1.0
+  for line in (workdir / 'metrics.jsonl').read_text().splitlines():
+    _strict_json(line)
