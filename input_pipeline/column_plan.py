@@ -56,6 +56,9 @@ NUMERIC_FRACTION = 0.9
 # A mostly numeric column with at most this many distinct numbers, whose
 # text cells each recur, is a category (codes and a level or two of text).
 MAX_LEVELS_WITH_TEXT = 32
+# A target of text with at most this many values is a classification's
+# classes (named in its error), not numbers with typos.
+MAX_CLASSES = 20
 # How many cells a column needs before its distinct fraction says anything.
 MIN_CELLS_FOR_ID = 20
 UNKNOWN_CODE, MISSING_CODE, FIRST_VALUE_CODE = 0, 1, 2
@@ -276,6 +279,8 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
     if cells.holds_lists(values):
       raise DataError(f'{name}, column {target!r} (a target) holds lists or '
                       'structs; a target must be one number per row')
+    if (error := _classes_error(values, target, name)) is not None:
+      raise error
     cells.checked_numbers(values, target, name, target=True)  # raises
     if not values.notna().any():
       raise DataError(f'{name} has no value in target column {target!r}: '
@@ -298,6 +303,29 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
         f'{", ".join(target_columns)}: {_left_out_text(columns)}; add a '
         'column, or name the features in dataset.feature_columns')
   return ColumnPlan(columns, tuple(target_columns), min_count)
+
+
+def _classes_error(values: pd.Series, target: str, name: str
+                   ) -> DataError | None:
+  """The error for a target of a few text values (a classification table's
+  `churn`: yes, no), or None: it names the classes and how to predict the
+  probability of one (a 0/1 column trains, its prediction estimating it).
+  """
+  present = values.dropna()
+  text = present[cells.numbers(present)[1]].map(cells.as_text)
+  if not len(present) or len(text) < NUMERIC_FRACTION * len(present):
+    return None  # numbers with a typo or two: checked_numbers names them
+  classes = sorted(text.unique())
+  if len(classes) > MAX_CLASSES:
+    return None
+  first = 'yes' if 'yes' in classes else classes[-1]
+  return DataError(
+      f'{name}, column {target!r} (a target) holds the classes '
+      f'{", ".join(map(repr, classes))}: meshfit predicts numbers '
+      '(regression), not classes; to predict the probability of one class, '
+      f'write the column as 1 for {first!r} and 0 for the others (a 0/1 '
+      'target trains, and its prediction estimates that probability), or '
+      'name another column in dataset.target_columns')
 
 
 def _left_out_text(columns: Sequence[Column]) -> str:

@@ -430,3 +430,21 @@ def test_a_category_value_with_unicode_spaces_is_that_value():
   vocabulary = plan.features[3].vocabulary
   assert [vocabulary[int(c) - column_plan.FIRST_VALUE_CODE]
           for c in codes] == ['rome', 'oslo', 'paris', 'rome']
+
+
+def test_a_target_of_classes_is_refused_saying_how_to_predict_one():
+  frame = pd.DataFrame({'a': np.arange(40.0),
+                        'churn': ['no', 'yes', 'no', 'no'] * 10})
+  with pytest.raises(DataError) as e:
+    column_plan.fit(frame, ('churn',), path='train.csv')
+  message = str(e.value)
+  assert ("column 'churn' (a target) holds the classes 'no', 'yes': "
+          'meshfit predicts numbers') in message
+  assert "write the column as 1 for 'yes' and 0 for the others" in message
+  assert 'fix that cell' not in message
+  frame.loc[3, 'churn'] = 'maybe'  # a third class, and a typo in numbers:
+  with pytest.raises(DataError, match="the classes 'maybe', 'no', 'yes'"):
+    column_plan.fit(frame, ('churn',), path='train.csv')
+  frame['churn'] = [str(i) if i != 5 else 'x' for i in range(40)]
+  with pytest.raises(DataError, match="data row 6 .*'x' is not a number"):
+    column_plan.fit(frame, ('churn',), path='train.csv')

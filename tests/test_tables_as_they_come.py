@@ -363,8 +363,8 @@ def test_a_target_of_text_is_refused_with_exit_2(tmp_path):
   frame.to_csv(tmp_path / 'train.csv', index=False)
   config = _config(tmp_path, str(tmp_path / 'train.csv'),
                    str(tmp_path / 'train.csv'), targets=('y',))
-  with pytest.raises(DataError, match="column 'y', data row 1 .*'x' is not a "
-                     'number'):
+  with pytest.raises(DataError, match="column 'y' .a target. holds the "
+                     "classes 'x': meshfit predicts numbers"):
     loop.train_and_evaluate(config, str(tmp_path / 'run'))
 
 
