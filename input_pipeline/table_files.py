@@ -22,11 +22,13 @@ from __future__ import annotations
 import codecs
 import collections
 import contextlib
+import errno
+import gzip
 import io
 import re
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import storage
 from input_pipeline import cells
@@ -69,6 +71,65 @@ def read_bytes(path: str, source: str = '') -> bytes:
     return f.read()
 
 
+# The first bytes of a compressed file: gzip is read (a .csv.gz, as pandas
+# and Arrow read one); the others are named, with what to do.
+_GZIP_MAGIC = b'\x1f\x8b'
+_OTHER_COMPRESSIONS = {b'BZh': 'bzip2', b'PK\x03\x04': 'zip',
+                       b'\xfd7zXZ\x00': 'xz', b'\x28\xb5\x2f\xfd': 'zstd'}
+
+
+def _check_compression(head: bytes, name: str) -> bool:
+  """Whether a CSV file starting with `head` is gzip-compressed.
+
+  Raises:
+    DataError: it is compressed otherwise (bzip2, zip, xz, zstd).
+  """
+  for magic, kind in _OTHER_COMPRESSIONS.items():
+    if head.startswith(magic):
+      raise DataError(f'{name} is compressed with {kind}; meshfit reads CSV '
+                      'files as text or gzip-compressed (.csv.gz), and '
+                      'Parquet: decompress it, or compress it with gzip')
+  return head.startswith(_GZIP_MAGIC)
+
+
+def _csv_bytes(data: bytes, name: str) -> bytes:
+  """A CSV file's text as bytes: `data`, decompressed if gzip."""
+  if not _check_compression(data[:8], name):
+    return data
+  try:
+    return gzip.decompress(data)
+  except (OSError, EOFError) as e:
+    raise DataError(f'{name} is not a readable gzip file ({_one_line(e)}); '
+                    'compress it again, or give it uncompressed') from None
+
+
+@contextlib.contextmanager
+def _open_csv(path: str, name: str) -> Iterator[IO[bytes]]:
+  """A CSV file opened to read its text as bytes (decompressed if gzip)."""
+  with storage.open(path, 'rb') as f:
+    packed = _check_compression(f.read(8), name)
+    f.seek(0)
+    if not packed:
+      yield f
+      return
+    with gzip.GzipFile(fileobj=f, mode='rb') as text:
+      yield text
+
+
+def _unreachable(path: str) -> str | None:
+  """Why a local path that does not exist cannot be reached, if it is
+  something (a loop of symbolic links); None otherwise."""
+  if storage.is_remote(path):
+    return None
+  try:
+    storage.open(path, 'rb').close()
+  except OSError as e:
+    if e.errno == errno.ELOOP:
+      return ('is a loop of symbolic links (each names another, none a '
+              'file); point the link at the file')
+  return None
+
+
 def check_file(path: str, source: str = '') -> None:
   """DataError unless `path` names an existing file (`read_bytes`'s).
 
@@ -83,6 +144,8 @@ def check_file(path: str, source: str = '') -> None:
     # One request on gs:// when it is a file, the usual case.
     is_file = storage.isfile(path)
     missing = not is_file and not storage.exists(path)
+  if missing and (why := _unreachable(path)) is not None:
+    raise DataError(f'{name} {why}')
   if missing:
     raise DataError(f'{name} does not exist; give the path of a CSV or '
                      'Parquet file with a header row')
@@ -175,14 +238,15 @@ def _not_utf8(name: str, pieces: Iterator[bytes]) -> DataError:
                    'or write it as Parquet')
 
 
-def _pieces(path: str) -> Iterator[bytes]:
-  with storage.open(path, 'rb') as f:
+def _pieces(path: str, name: str) -> Iterator[bytes]:
+  with _open_csv(path, name) as f:
     while piece := f.read(1 << 20):
       yield piece
 
 
 def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
+  data = _csv_bytes(data, name)
   delimiter = detect_delimiter(data)
   options = _csv_options(delimiter)
   try:
@@ -282,7 +346,7 @@ def iter_frames(path: str, source: str, chunk_rows: int
 def _csv_frames(path: str, name: str, chunk_rows: int
                 ) -> Iterator[pd.DataFrame]:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
-  with storage.open(path, 'rb') as f:
+  with _open_csv(path, name) as f:
     head = f.read(1 << 16)
   if not head.strip():
     raise DataError(f'{name} is empty; it needs a header row and at least '
@@ -295,14 +359,14 @@ def _csv_frames(path: str, name: str, chunk_rows: int
   try:
     with warnings.catch_warnings():
       warnings.simplefilter('error', pd.errors.ParserWarning)
-      with storage.open(path, 'rb') as f:
+      with _open_csv(path, name) as f:
         header = pd.read_csv(f, header=None, nrows=1, dtype=str,
                              **options).iloc[0].tolist()
       if (error := _duplicate_error(name, header)) is not None:
         raise error
       # On gs:// a buffered file of sequential ranged reads: the file
       # streams through, as a local one does.
-      with storage.open(path, 'rb') as f, pd.read_csv(
+      with _open_csv(path, name) as f, pd.read_csv(
           f, na_values=_NA_VALUES, chunksize=chunk_rows,
           **options) as reader:
         for frame in reader:
@@ -311,7 +375,10 @@ def _csv_frames(path: str, name: str, chunk_rows: int
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row') from None
   except UnicodeDecodeError:
-    raise _not_utf8(name, _pieces(path)) from None
+    raise _not_utf8(name, _pieces(path, name)) from None
+  except (gzip.BadGzipFile, EOFError) as e:
+    raise DataError(f'{name} is not a readable gzip file ({_one_line(e)}); '
+                    'compress it again, or give it uncompressed') from None
   except errors as e:
     raise DataError(f'{name} is not a readable CSV file ({_one_line(e)}); '
                      f'check that every row has as many {separated}-separated '
@@ -370,14 +437,15 @@ def missing_tokens(path: str, columns: Sequence[str], rows: int
   import pyarrow.parquet as pq  # noqa: PLC0415
   if not columns:
     return {}
-  with storage.open(path, 'rb') as f:
-    if is_parquet(path):
+  if is_parquet(path):
+    with storage.open(path, 'rb') as f:
       batch = next(pq.ParquetFile(f).iter_batches(batch_size=rows,
                                                   columns=list(columns)))
       frame = batch.to_pandas()
-    else:
+  else:
+    with _open_csv(path, path) as f:
       delimiter = detect_delimiter(f.read(1 << 16))
-      f.seek(0)
+    with _open_csv(path, path) as f:
       frame = pd.read_csv(f, usecols=list(columns), nrows=rows, dtype=str,
                           na_filter=False, **_csv_options(delimiter))
   out = {}
@@ -438,6 +506,8 @@ def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,
     if column not in frame.columns:
       raise missing_column_error(frame, column, name, ' (asked to keep it)')
   data = read_bytes(path, source)
+  if not is_parquet(path):
+    data = _csv_bytes(data, name)
   if is_parquet(path):
     kept = pq.read_table(io.BytesIO(data), columns=list(columns)).to_pandas(
         types_mapper=pd.ArrowDtype)

@@ -1,5 +1,9 @@
 """input_pipeline.table_files: reading users' files, checked."""
 
+import bz2
+import gzip
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -148,3 +152,33 @@ def test_a_decimal_comma_elsewhere_is_refused_not_read_as_thousands(
   plan = column_plan.fit(read.drop(7), ('y',), path='t.csv')
   np.testing.assert_array_equal(plan.encode(read.iloc[:2], 't.csv')[0][:, 0],
                                 [1250, 2500000])
+
+
+def test_a_symlink_loop_is_named_as_one(tmp_path):
+  os.symlink(tmp_path / 'b.csv', tmp_path / 'a.csv')
+  os.symlink(tmp_path / 'a.csv', tmp_path / 'b.csv')
+  with pytest.raises(DataError, match=r"'.*a\.csv' \(dataset.train_path\) is "
+                     'a loop of symbolic links'):
+    table_files.read_frame(str(tmp_path / 'a.csv'), 'dataset.train_path')
+
+
+def test_a_gzip_csv_file_is_read_as_its_text(tmp_path):
+  frame = _frame(30)
+  frame.to_csv(tmp_path / 't.csv', index=False)
+  with gzip.open(tmp_path / 't.csv.gz', 'wb') as f:
+    f.write((tmp_path / 't.csv').read_bytes())
+  plain = table_files.read_frame(str(tmp_path / 't.csv'))
+  packed = str(tmp_path / 't.csv.gz')
+  pd.testing.assert_frame_equal(table_files.read_frame(packed), plain)
+  chunks = [f for f, _ in table_files.iter_frames(packed, '', 7)]
+  pd.testing.assert_frame_equal(pd.concat(chunks, ignore_index=True), plain)
+  kept = table_files.pass_through(plain, ['id'], packed)
+  assert kept['id'].tolist() == frame['id'].tolist()
+
+
+def test_another_compression_is_named(tmp_path):
+  (tmp_path / 't.csv.bz2').write_bytes(bz2.compress(b'a,y\n1,2\n'))
+  with pytest.raises(DataError, match='is compressed with bzip2; .*gzip'):
+    table_files.read_frame(str(tmp_path / 't.csv.bz2'), '--input')
+  with pytest.raises(DataError, match='is compressed with bzip2'):
+    list(table_files.iter_frames(str(tmp_path / 't.csv.bz2'), '--input', 5))
