@@ -104,9 +104,13 @@ def without_tokens(values: pd.Series) -> pd.Series:
   """
   if not is_text(values):
     return values
-  tokens = np.fromiter((isinstance(v, str) and v.strip(WHITESPACE)
-                        in _MISSING_TEXT for v in values.tolist()), bool,
-                       len(values))
+  if values.dtype != object:  # pandas' string dtype: Arrow strips it whole
+    tokens = values.str.strip(WHITESPACE).isin(_MISSING_TEXT).to_numpy(
+        bool, na_value=False)
+  else:  # objects may be other than text (Parquet's mixed columns)
+    tokens = np.fromiter((isinstance(v, str) and v.strip(WHITESPACE)
+                          in _MISSING_TEXT for v in values.tolist()), bool,
+                         len(values))
   return values.mask(tokens) if tokens.any() else values
 
 
@@ -376,9 +380,10 @@ def checked_numbers(values: pd.Series, column: str, file_name: str,
            'the column in dataset.categorical_columns to treat it as text')
     if (text[row] and not boolean and values.attrs.get(DECIMAL_ATTR) != ','
         and _DECIMAL_COMMA.fullmatch(str(cell).strip())):
+      shown = str(cell).strip()
       fix += ('; a decimal comma is read in a semicolon-separated file '
-              'alone: write 4.5 for 4,5, or separate the fields with '
-              'semicolons')
+              f'alone: write {shown.replace(",", ".")} for {shown}, or '
+              'separate the fields with semicolons')
     raise DataError(
         f'{file_name}, column {column!r}, data row {first_row + row + 1} '
         f'(1-based, header not counted): {problem}{more}; {fix}')

@@ -315,6 +315,8 @@ def test_the_model_card_says_what_goes_in_and_comes_out(runs):
   assert card['step'] == summary['step'] == 200
   assert card['workdir'] == os.path.abspath(workdir)
   assert card['dataset'] == 'csv_regression'
+  # A client sends these as missing, as predict and the SavedModel read them.
+  assert {'NA', 'null', '?'} <= set(card['saved_model']['missing_tokens'])
   try:
     meshfit_version = importlib.metadata.version('meshfit')
   except importlib.metadata.PackageNotFoundError:
