@@ -16,11 +16,15 @@ cell of that shape that names no real date or time (`2021-13-45`,
 `2021-02-29`, `24:00`) is not a date, like any other text.
 
 **Numbers** are what pandas reads as numbers, and also text with commas
-that group digits in threes (`1,234,567.5`), ending in a percent sign
-(`56.2%` is 56.2) or with one currency sign before or after the number
-(`$1,234.50`, `-$5`, `12 €`; the sign is dropped, as the percent sign
-is): a comma that groups anything else (`4,5`, a decimal comma) is not a
-number.
+that group digits in threes (`1,234,567.5`; the first group is no `0`),
+ending in a percent sign (`56.2%` is 56.2) or with one currency sign
+before or after the number (`$1,234.50`, `-$5`, `12 €`; the sign is
+dropped, as the percent sign is): a comma that groups anything else
+(`4,5`, `0,500`) is not a number. In a semicolon-separated file (how a
+spreadsheet in a decimal-comma locale writes CSV; table_files marks its
+frames with DECIMAL_ATTR) a comma is the decimal mark instead, `0,500`
+being 0.5 and `12,250` 12.25, a point is one too, and no digits are
+grouped.
 """
 
 from __future__ import annotations
@@ -36,9 +40,22 @@ from input_pipeline.errors import DataError
 if TYPE_CHECKING:
   import pandas as pd
 
-# What TensorFlow's tf.strings.strip removes (ASCII whitespace), so that
-# both sides strip the same characters.
-WHITESPACE = ' \t\n\v\f\r'
+# What a cell is stripped of on every side: Python's whitespace (each
+# character for which str.isspace() holds, the no-break and ideographic
+# spaces too), which export_tf strips with a pattern made of the same
+# characters (tf.strings.strip strips ASCII alone).
+WHITESPACE = ('\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001'
+              '\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u2028'
+              '\u2029\u202f\u205f\u3000')
+# The cells that mean "missing", once stripped, besides an empty one: in
+# every column of a CSV or Parquet file, in training, predict and the
+# SavedModel alike. pandas' own list (written out, so that it changes only
+# here) and the UCI repository's '?'. A category whose real value is one of
+# them (Namibia's code NA) is read as missing too: training warns of it.
+MISSING_TOKENS = ('#N/A', '#N/A N/A', '#NA', '-1.#IND', '-1.#QNAN', '-NaN',
+                  '-nan', '1.#IND', '1.#QNAN', '<NA>', 'N/A', 'NA', 'NULL',
+                  'NaN', 'None', 'n/a', 'nan', 'null', '?')
+_MISSING_TEXT = frozenset(MISSING_TOKENS) | {''}
 # Rewritten, in order, into the form DATE_PATTERN reads (regular
 # expressions that Python's re and RE2, TensorFlow's, read alike).
 DATE_REWRITES = (
@@ -60,7 +77,11 @@ DATE_FORMS = ('YYYY-MM-DD, optionally with a time THH:MM[:SS[.fff]] and Z '
 _EPOCH_SHIFT = 719468.0
 _SECONDS_PER_DAY = 86400.0
 
-_THOUSANDS = re.compile(r'[+-]?[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]*)?')
+# Where a frame says which decimal mark its file uses (pandas' DataFrame.attrs
+# follow a frame's columns and slices): ',' or, when absent, '.'.
+DECIMAL_ATTR = 'meshfit.decimal'
+_THOUSANDS = re.compile(r'[+-]?[1-9][0-9]{0,2}(?:,[0-9]{3})+(?:\.[0-9]*)?')
+_DECIMAL_COMMA = re.compile(r'[+-]?[0-9]*,[0-9]+')
 # Currency signs a money column's cells may carry: a spreadsheet's export
 # writes them, and the column is a number all the same.
 CURRENCY_SIGNS = '$€£¥₹'
@@ -71,7 +92,31 @@ def as_text(value: Any) -> str:
   """A cell as text: integral floats lose their '.0'."""
   if isinstance(value, float) and value.is_integer():
     return str(int(value))
-  return str(value).strip()
+  return str(value).strip(WHITESPACE)
+
+
+def without_tokens(values: pd.Series) -> pd.Series:
+  """`values` with every text cell that means missing (MISSING_TOKENS or
+  nothing, once stripped) made missing.
+
+  pandas' CSV reader makes the exact tokens missing; a Parquet file's text,
+  or a token padded with spaces, is made so here, for every reader alike.
+  """
+  if not is_text(values):
+    return values
+  if values.dtype != object:  # pandas' string dtype: Arrow strips it whole
+    tokens = values.str.strip(WHITESPACE).isin(_MISSING_TEXT).to_numpy(
+        bool, na_value=False)
+  else:  # objects may be other than text (Parquet's mixed columns)
+    tokens = np.fromiter((isinstance(v, str) and v.strip(WHITESPACE)
+                          in _MISSING_TEXT for v in values.tolist()), bool,
+                         len(values))
+  return values.mask(tokens) if tokens.any() else values
+
+
+def is_missing_token(text: str) -> bool:
+  """Whether a cell's text means missing (see MISSING_TOKENS)."""
+  return text.strip(WHITESPACE) in _MISSING_TEXT
 
 
 def is_constant(values: pd.Series) -> bool:
@@ -171,8 +216,9 @@ def date_seconds(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
         np.float64, na_value=np.nan)
     return seconds, np.zeros(len(values), bool)
   blank = values.isna().to_numpy()
-  # Text stripped of ASCII whitespace alone, as TensorFlow strips it.
-  text = pd.Series(['' if b else v.strip(WHITESPACE) if isinstance(v, str)
+  # Stripped as the SavedModel strips it; a missing token is no date.
+  text = pd.Series(['' if b or (isinstance(v, str) and is_missing_token(v))
+                    else v.strip(WHITESPACE) if isinstance(v, str)
                     else as_text(v) for v, b in zip(values, blank)],
                    dtype=object)
   for pattern, rewrite in DATE_REWRITES:
@@ -208,21 +254,26 @@ def numbers(values: pd.Series) -> tuple[np.ndarray, np.ndarray]:
       np.float64, na_value=np.nan, copy=True)
   text = np.isnan(parsed) & values.notna().to_numpy()
   rows = np.flatnonzero(text)  # few, or a column of grouped numbers or money
+  comma = values.attrs.get(DECIMAL_ATTR) == ','
   # One pass over a plain list: indexing the Series cell by cell cost a
   # million such cells 8 s.
-  got = [_marked_number(v) for v in values.to_numpy()[rows].tolist()]
+  got = [_marked_number(v, comma) for v in values.to_numpy()[rows].tolist()]
   read = np.fromiter((g is not None for g in got), bool, len(got))
   parsed[rows[read]] = [g for g in got if g is not None]
   text[rows[read]] = False
   return parsed, text
 
 
-def _marked_number(value: Any) -> float | None:
+def _marked_number(value: Any, decimal_comma: bool = False) -> float | None:
   """A cell pandas did not read as a number, read without its marks (a
-  percent sign, a currency sign, thousands groups); None if it is text."""
+  percent sign, a currency sign, thousands groups, or with `decimal_comma`
+  a decimal comma); None if it is text."""
   cell = str(value).strip()
   cell = cell[:-1].rstrip() if cell.endswith('%') else _no_currency(cell)
-  if _THOUSANDS.fullmatch(cell):
+  if decimal_comma:
+    if _DECIMAL_COMMA.fullmatch(cell):
+      cell = cell.replace(',', '.')
+  elif _THOUSANDS.fullmatch(cell):
     cell = cell.replace(',', '')
   try:
     return float(cell)
@@ -327,6 +378,12 @@ def checked_numbers(values: pd.Series, column: str, file_name: str,
            if target or boolean or not training else
            'fix that cell, leave it empty for a missing value, or name '
            'the column in dataset.categorical_columns to treat it as text')
+    if (text[row] and not boolean and values.attrs.get(DECIMAL_ATTR) != ','
+        and _DECIMAL_COMMA.fullmatch(str(cell).strip())):
+      shown = str(cell).strip()
+      fix += ('; a decimal comma is read in a semicolon-separated file '
+              f'alone: write {shown.replace(",", ".")} for {shown}, or '
+              'separate the fields with semicolons')
     raise DataError(
         f'{file_name}, column {column!r}, data row {first_row + row + 1} '
         f'(1-based, header not counted): {problem}{more}; {fix}')

@@ -56,6 +56,9 @@ NUMERIC_FRACTION = 0.9
 # A mostly numeric column with at most this many distinct numbers, whose
 # text cells each recur, is a category (codes and a level or two of text).
 MAX_LEVELS_WITH_TEXT = 32
+# A target of text with at most this many values is a classification's
+# classes (named in its error), not numbers with typos.
+MAX_CLASSES = 20
 # How many cells a column needs before its distinct fraction says anything.
 MIN_CELLS_FOR_ID = 20
 UNKNOWN_CODE, MISSING_CODE, FIRST_VALUE_CODE = 0, 1, 2
@@ -205,7 +208,7 @@ class ColumnPlan:
       if column.name not in frame.columns:
         raise table_files.missing_column_error(
             frame, column.name, name, ' (a feature the model was trained on)')
-      values = frame[column.name]
+      values = cells.without_tokens(frame[column.name])
       width = len(column.input_names)
       if column.kind in ('number', 'boolean'):
         x_NxI[:, i] = cells.checked_numbers(
@@ -236,8 +239,9 @@ class ColumnPlan:
       if target not in frame.columns:
         raise table_files.missing_column_error(frame, target, name,
                                                ' (a target)')
-      y_NxT[:, t] = cells.checked_numbers(frame[target], target, name,
-                                          target=True, first_row=first_row)
+      y_NxT[:, t] = cells.checked_numbers(
+          cells.without_tokens(frame[target]), target, name, target=True,
+          first_row=first_row)
     return y_NxT
 
 
@@ -271,10 +275,12 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
       raise table_files.missing_column_error(frame, column, name,
                                              f' named in {key}')
   for target in target_columns:
-    values = frame[target]
+    values = cells.without_tokens(frame[target])
     if cells.holds_lists(values):
       raise DataError(f'{name}, column {target!r} (a target) holds lists or '
                       'structs; a target must be one number per row')
+    if (error := _classes_error(values, target, name)) is not None:
+      raise error
     cells.checked_numbers(values, target, name, target=True)  # raises
     if not values.notna().any():
       raise DataError(f'{name} has no value in target column {target!r}: '
@@ -286,12 +292,40 @@ def fit(frame: pd.DataFrame, target_columns: Sequence[str],
                               named=bool(feature_columns), file_name=name,
                               min_count=min_count)
                   for c in chosen)
+  if not columns:
+    raise DataError(
+        f'{name} has no column besides the target(s) '
+        f'{", ".join(target_columns)}: a model needs at least one feature '
+        'column to predict from; add one to the file')
   if not any(c.kind != 'left_out' for c in columns):
     raise DataError(
         f'{name} has no usable feature besides the targets '
         f'{", ".join(target_columns)}: {_left_out_text(columns)}; add a '
         'column, or name the features in dataset.feature_columns')
   return ColumnPlan(columns, tuple(target_columns), min_count)
+
+
+def _classes_error(values: pd.Series, target: str, name: str
+                   ) -> DataError | None:
+  """The error for a target of a few text values (a classification table's
+  `churn`: yes, no), or None: it names the classes and how to predict the
+  probability of one (a 0/1 column trains, its prediction estimating it).
+  """
+  present = values.dropna()
+  text = present[cells.numbers(present)[1]].map(cells.as_text)
+  if not len(present) or len(text) < NUMERIC_FRACTION * len(present):
+    return None  # numbers with a typo or two: checked_numbers names them
+  classes = sorted(text.unique())
+  if len(classes) > MAX_CLASSES:
+    return None
+  first = 'yes' if 'yes' in classes else classes[-1]
+  return DataError(
+      f'{name}, column {target!r} (a target) holds the classes '
+      f'{", ".join(map(repr, classes))}: meshfit predicts numbers '
+      '(regression), not classes; to predict the probability of one class, '
+      f'write the column as 1 for {first!r} and 0 for the others (a 0/1 '
+      'target trains, and its prediction estimates that probability), or '
+      'name another column in dataset.target_columns')
 
 
 def _left_out_text(columns: Sequence[Column]) -> str:
@@ -321,6 +355,7 @@ def unseen_warning(unseen: dict[str, int], path: str,
 def _fit_column(values: pd.Series, name: str, categorical: bool,
                 named: bool, file_name: str, min_count: int) -> Column:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
+  values = cells.without_tokens(values)
   missing = values.isna()
   has_missing = bool(missing.any())
   present = values[~missing]
@@ -345,8 +380,9 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
   if pd.api.types.is_bool_dtype(values) or cells.is_boolean_text(present):
     return Column(name, 'boolean', has_missing)
   if pd.api.types.is_datetime64_any_dtype(values):
+    # A timestamp column (Parquet's dates): the seconds its text would be.
     return Column(name, 'datetime', has_missing,
-                  parts=_parts(pd.to_datetime(present)))
+                  parts=_parts(cells.date_seconds(present)[0]))
   if pd.api.types.is_numeric_dtype(values):
     return Column(name, 'number', has_missing)
   numbers, text_mask = cells.numbers(present)

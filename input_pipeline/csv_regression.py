@@ -40,6 +40,7 @@ Rows whose target is missing are left out of both splits, counted in the
 manifest and in one warning line.
 """
 
+import collections
 import contextlib
 import json
 import os
@@ -50,7 +51,7 @@ import numpy as np
 from absl import logging
 
 import storage
-from input_pipeline import column_plan, file_keys, table_files
+from input_pipeline import cells, column_plan, file_keys, table_files
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 from input_pipeline.paths import named
@@ -226,7 +227,35 @@ def _write_plan(directory: str, files: Sequence[str], source: str,
     raise
   if (warning := column_plan.left_out_warning(plan)) is not None:
     logging.warning('csv_regression: %s.', warning)
+  _warn_of_tokens(files, plan)
+  for target in plan.targets:
+    values = cells.without_tokens(frame[target]).dropna()
+    if len(values) and cells.is_constant(values):
+      logging.warning(
+          'csv_regression: target %r holds %s in every training row: the '
+          'model can only learn to predict that, and r2 (which compares '
+          'the error with the target\'s spread) is none, written null.',
+          target, cells.as_text(values.iloc[0]))
   _write_json(storage.join(directory, PLAN), plan.to_json())
+
+
+def _warn_of_tokens(files: Sequence[str], plan: ColumnPlan) -> None:
+  """Warns of a category whose cells hold a token that means missing as
+  often as a value (`NA` among country codes: Namibia's)."""
+  categories = [c.name for c in plan.features if c.kind == 'category']
+  counts = collections.Counter()
+  for path in files:
+    for column, tokens in table_files.missing_tokens(
+        path, categories, -(-PLAN_SAMPLE_ROWS // len(files))).items():
+      counts.update({(column, t): n for t, n in tokens.items()})
+  for (column, token), n in sorted(counts.items()):
+    if n >= plan.min_count:
+      logging.warning(
+          'csv_regression: column %r holds %r in %d cells, which meshfit '
+          'reads as missing, as every token of docs/usage.md\'s list; if '
+          'it is a value there (NA: Namibia), write it otherwise in the '
+          'files (%r), or it stays missing in training and predictions.',
+          column, token, n, f'{token}_')
 
 
 def _read_plan(directory: str) -> ColumnPlan:

@@ -20,14 +20,18 @@ already prepared dataset never parses a file.
 from __future__ import annotations
 
 import codecs
+import collections
 import contextlib
+import errno
+import gzip
 import io
 import re
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 import storage
+from input_pipeline import cells
 from input_pipeline.errors import DataError
 from input_pipeline.paths import named
 
@@ -67,6 +71,65 @@ def read_bytes(path: str, source: str = '') -> bytes:
     return f.read()
 
 
+# The first bytes of a compressed file: gzip is read (a .csv.gz, as pandas
+# and Arrow read one); the others are named, with what to do.
+_GZIP_MAGIC = b'\x1f\x8b'
+_OTHER_COMPRESSIONS = {b'BZh': 'bzip2', b'PK\x03\x04': 'zip',
+                       b'\xfd7zXZ\x00': 'xz', b'\x28\xb5\x2f\xfd': 'zstd'}
+
+
+def _check_compression(head: bytes, name: str) -> bool:
+  """Whether a CSV file starting with `head` is gzip-compressed.
+
+  Raises:
+    DataError: it is compressed otherwise (bzip2, zip, xz, zstd).
+  """
+  for magic, kind in _OTHER_COMPRESSIONS.items():
+    if head.startswith(magic):
+      raise DataError(f'{name} is compressed with {kind}; meshfit reads CSV '
+                      'files as text or gzip-compressed (.csv.gz), and '
+                      'Parquet: decompress it, or compress it with gzip')
+  return head.startswith(_GZIP_MAGIC)
+
+
+def _csv_bytes(data: bytes, name: str) -> bytes:
+  """A CSV file's text as bytes: `data`, decompressed if gzip."""
+  if not _check_compression(data[:8], name):
+    return data
+  try:
+    return gzip.decompress(data)
+  except (OSError, EOFError) as e:
+    raise DataError(f'{name} is not a readable gzip file ({_one_line(e)}); '
+                    'compress it again, or give it uncompressed') from None
+
+
+@contextlib.contextmanager
+def _open_csv(path: str, name: str) -> Iterator[IO[bytes]]:
+  """A CSV file opened to read its text as bytes (decompressed if gzip)."""
+  with storage.open(path, 'rb') as f:
+    packed = _check_compression(f.read(8), name)
+    f.seek(0)
+    if not packed:
+      yield f
+      return
+    with gzip.GzipFile(fileobj=f, mode='rb') as text:
+      yield text
+
+
+def _unreachable(path: str) -> str | None:
+  """Why a local path that does not exist cannot be reached, if it is
+  something (a loop of symbolic links); None otherwise."""
+  if storage.is_remote(path):
+    return None
+  try:
+    storage.open(path, 'rb').close()
+  except OSError as e:
+    if e.errno == errno.ELOOP:
+      return ('is a loop of symbolic links (each names another, none a '
+              'file); point the link at the file')
+  return None
+
+
 def check_file(path: str, source: str = '') -> None:
   """DataError unless `path` names an existing file (`read_bytes`'s).
 
@@ -81,6 +144,8 @@ def check_file(path: str, source: str = '') -> None:
     # One request on gs:// when it is a file, the usual case.
     is_file = storage.isfile(path)
     missing = not is_file and not storage.exists(path)
+  if missing and (why := _unreachable(path)) is not None:
+    raise DataError(f'{name} {why}')
   if missing:
     raise DataError(f'{name} does not exist; give the path of a CSV or '
                      'Parquet file with a header row')
@@ -103,11 +168,33 @@ def _duplicate_error(name: str, header: Sequence[object]) -> DataError | None:
   return None
 
 
-# Besides pandas' own (NA, N/A, NaN, null, an empty cell, ...), a cell that
-# means "missing" in files as they come: the UCI repository's '?'.
-MISSING_TOKENS = ('?',)
+# The cells pandas' CSV reader makes missing: an empty one and
+# cells.MISSING_TOKENS (column_plan makes a padded or Parquet one missing).
+_NA_VALUES = ['', *cells.MISSING_TOKENS]
 # Field separators a header is checked for, in order of preference.
 DELIMITERS = (',', ';', '\t', '|')
+# The separator of files whose decimal mark is a comma: a spreadsheet in a
+# decimal-comma locale writes CSV so (cells.py reads their numbers).
+DECIMAL_COMMA_DELIMITER = ';'
+
+
+def _csv_options(delimiter: str) -> dict:
+  """pandas.read_csv's options for a file of this field separator."""
+  # skipinitialspace: "a, b" headers and values are common in hand-made
+  # files. index_col=False: rows with one field more than the header would
+  # otherwise silently shift every column onto the first one as an index.
+  options = dict(skipinitialspace=True, index_col=False, sep=delimiter,
+                 keep_default_na=False)
+  if delimiter == DECIMAL_COMMA_DELIMITER:
+    options['decimal'] = ','
+  return options
+
+
+def _marked(frame: pd.DataFrame, delimiter: str) -> pd.DataFrame:
+  """`frame`, marked with its file's decimal mark for cells.py."""
+  if delimiter == DECIMAL_COMMA_DELIMITER:
+    frame.attrs[cells.DECIMAL_ATTR] = ','
+  return frame
 
 
 def detect_delimiter(data: bytes) -> str:
@@ -151,27 +238,25 @@ def _not_utf8(name: str, pieces: Iterator[bytes]) -> DataError:
                    'or write it as Parquet')
 
 
-def _pieces(path: str) -> Iterator[bytes]:
-  with storage.open(path, 'rb') as f:
+def _pieces(path: str, name: str) -> Iterator[bytes]:
+  with _open_csv(path, name) as f:
     while piece := f.read(1 << 20):
       yield piece
 
 
 def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
-  # skipinitialspace: "a, b" headers and values are common in hand-made
-  # files. index_col=False: rows with one field more than the header would
-  # otherwise silently shift every column onto the first one as an index.
+  data = _csv_bytes(data, name)
   delimiter = detect_delimiter(data)
-  options = dict(skipinitialspace=True, index_col=False, sep=delimiter)
+  options = _csv_options(delimiter)
   try:
     with warnings.catch_warnings():
       # The warning for rows longer than the header: data would be dropped.
       warnings.simplefilter('error', pd.errors.ParserWarning)
       # pandas renames a repeated column 'a' to 'a.1'; read the header raw.
       header = pd.read_csv(io.BytesIO(data), header=None, nrows=1, dtype=str,
-                           keep_default_na=False, **options).iloc[0].tolist()
-      frame = pd.read_csv(io.BytesIO(data), na_values=list(MISSING_TOKENS),
+                           **options).iloc[0].tolist()
+      frame = pd.read_csv(io.BytesIO(data), na_values=_NA_VALUES,
                           **options)
   except pd.errors.EmptyDataError:
     raise DataError(f'{name} is empty; it needs a header row and at least '
@@ -187,7 +272,7 @@ def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
                      ) from None
   if (error := _duplicate_error(name, header)) is not None:
     raise error
-  return frame
+  return _marked(frame, delimiter)
 
 
 def _parse_parquet(data: bytes, name: str) -> pd.DataFrame:
@@ -261,35 +346,39 @@ def iter_frames(path: str, source: str, chunk_rows: int
 def _csv_frames(path: str, name: str, chunk_rows: int
                 ) -> Iterator[pd.DataFrame]:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
-  with storage.open(path, 'rb') as f:
+  with _open_csv(path, name) as f:
     head = f.read(1 << 16)
   if not head.strip():
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row')
   delimiter = detect_delimiter(head)
-  options = dict(skipinitialspace=True, index_col=False, sep=delimiter)
+  options = _csv_options(delimiter)
   separated = {',': 'comma', ';': 'semicolon', '\t': 'tab',
                '|': 'bar'}[delimiter]
   errors = (pd.errors.ParserError, pd.errors.ParserWarning, ValueError)
   try:
     with warnings.catch_warnings():
       warnings.simplefilter('error', pd.errors.ParserWarning)
-      with storage.open(path, 'rb') as f:
+      with _open_csv(path, name) as f:
         header = pd.read_csv(f, header=None, nrows=1, dtype=str,
-                             keep_default_na=False, **options).iloc[0].tolist()
+                             **options).iloc[0].tolist()
       if (error := _duplicate_error(name, header)) is not None:
         raise error
       # On gs:// a buffered file of sequential ranged reads: the file
       # streams through, as a local one does.
-      with storage.open(path, 'rb') as f, pd.read_csv(
-          f, na_values=list(MISSING_TOKENS), chunksize=chunk_rows,
+      with _open_csv(path, name) as f, pd.read_csv(
+          f, na_values=_NA_VALUES, chunksize=chunk_rows,
           **options) as reader:
-        yield from reader
+        for frame in reader:
+          yield _marked(frame, delimiter)
   except pd.errors.EmptyDataError:
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row') from None
   except UnicodeDecodeError:
-    raise _not_utf8(name, _pieces(path)) from None
+    raise _not_utf8(name, _pieces(path, name)) from None
+  except (gzip.BadGzipFile, EOFError) as e:
+    raise DataError(f'{name} is not a readable gzip file ({_one_line(e)}); '
+                    'compress it again, or give it uncompressed') from None
   except errors as e:
     raise DataError(f'{name} is not a readable CSV file ({_one_line(e)}); '
                      f'check that every row has as many {separated}-separated '
@@ -330,6 +419,46 @@ def _parquet_frames(path: str, name: str, chunk_rows: int
                      '.csv') from None
 
 
+def missing_tokens(path: str, columns: Sequence[str], rows: int
+                   ) -> dict[str, collections.Counter]:
+  """How often each of `columns` holds each of cells.MISSING_TOKENS (once
+  stripped) in the file's first `rows` data rows, read as the file has them
+  (the readers make them missing): for a warning when one is a real value.
+
+  Args:
+    path: a file `iter_frames` has read (so it is known to be readable).
+    columns: the columns to count in.
+    rows: how many data rows to read, from the first.
+
+  Returns:
+    {column: Counter of token -> cells}, for the columns that hold one.
+  """
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
+  import pyarrow.parquet as pq  # noqa: PLC0415
+  if not columns:
+    return {}
+  if is_parquet(path):
+    with storage.open(path, 'rb') as f:
+      batch = next(pq.ParquetFile(f).iter_batches(batch_size=rows,
+                                                  columns=list(columns)))
+      frame = batch.to_pandas()
+  else:
+    with _open_csv(path, path) as f:
+      delimiter = detect_delimiter(f.read(1 << 16))
+    with _open_csv(path, path) as f:
+      frame = pd.read_csv(f, usecols=list(columns), nrows=rows, dtype=str,
+                          na_filter=False, **_csv_options(delimiter))
+  out = {}
+  for column in columns:
+    counts = collections.Counter(
+        v.strip(cells.WHITESPACE) for v in frame[column].tolist()
+        if isinstance(v, str) and cells.is_missing_token(v))
+    counts.pop('', None)  # an empty cell is missing, as everyone reads it
+    if counts:
+      out[column] = counts
+  return out
+
+
 def read_frame(path: str, source: str = '') -> pd.DataFrame:
   """Reads a CSV or Parquet file; see `parse` for what is checked."""
   return parse(read_bytes(path, source), path, source)
@@ -350,10 +479,15 @@ def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,
                  source: str = '') -> pd.DataFrame:
   """Columns to copy unchanged into a predictions table (ids, keys, ...).
 
+  An id is a join key: a CSV file's cells are kept as the text they are
+  (`00123`, `NA`, `1e5` and a blank stay so, an integer column with a gap
+  stays integers), read again from `path` with no conversion at all; a
+  Parquet file's columns keep their values and Arrow types.
+
   Args:
-    frame: a frame from `read_frame` / `parse`.
+    frame: a frame from `read_frame` / `parse` of `path`.
     columns: the names to keep, in output order; any dtype.
-    path: the file the frame came from, named in messages.
+    path: the file the frame came from, read again for these columns.
     source: the setting or flag the path came from, named in messages.
 
   Returns:
@@ -362,6 +496,8 @@ def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,
   Raises:
     DataError: a column is missing or named twice.
   """
+  import pandas as pd  # noqa: PLC0415  (see the module doc)
+  import pyarrow.parquet as pq  # noqa: PLC0415
   name = describe(path, source)
   if (error := _duplicate_error(f'the columns to keep from {name}',
                                 list(columns))) is not None:
@@ -369,4 +505,21 @@ def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,
   for column in columns:
     if column not in frame.columns:
       raise missing_column_error(frame, column, name, ' (asked to keep it)')
-  return frame[list(columns)].reset_index(drop=True)
+  data = read_bytes(path, source)
+  if not is_parquet(path):
+    data = _csv_bytes(data, name)
+  if is_parquet(path):
+    kept = pq.read_table(io.BytesIO(data), columns=list(columns)).to_pandas(
+        types_mapper=pd.ArrowDtype)
+  else:
+    # By position: the frame's names are pandas' (stripped, 'Unnamed: 3').
+    positions = sorted(list(frame.columns).index(c) for c in columns)
+    options = {**_csv_options(detect_delimiter(data)),
+               'skipinitialspace': False}
+    options.pop('decimal', None)
+    kept = pd.read_csv(io.BytesIO(data), usecols=positions, dtype=str,
+                       na_filter=False, **options)
+    kept.columns = [frame.columns[i] for i in positions]
+  if len(kept) != len(frame):
+    raise DataError(f'{name} changed while it was read; run again')
+  return kept[list(columns)].reset_index(drop=True)

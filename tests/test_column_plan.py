@@ -371,3 +371,80 @@ def test_a_constant_column_of_numbers_is_told_as_its_text_tells_it(values):
   series = pd.Series(values)
   assert cells.is_constant(series) == (
       series.astype(object).map(cells.as_text).nunique() == 1)
+
+
+@pytest.mark.parametrize('tz', [None, 'Europe/Paris'])
+def test_a_parquet_timestamp_column_is_a_date_read_as_its_text_is(tz):
+  """A timestamp column (how Parquet stores dates; naive or with a zone)
+  gets the parts its text would, and encodes to the same numbers."""
+  stamps = pd.date_range('2020-01-01 06:00', periods=30, freq='37h', tz=tz)
+  frame = pd.DataFrame({'when': stamps, 'y': np.arange(30.0)})
+  plan = column_plan.fit(frame, ('y',), path='train.parquet')
+  as_text = pd.DataFrame({'when': stamps.tz_convert('UTC').strftime(
+      '%Y-%m-%dT%H:%M:%SZ') if tz else stamps.strftime('%Y-%m-%dT%H:%M:%S')})
+  assert plan.features[0].kind == 'datetime'
+  assert plan.features[0].parts == column_plan.DATETIME_PARTS + ('hour',)
+  assert plan == column_plan.fit(as_text.assign(y=frame['y']), ('y',),
+                                 path='train.csv')
+  frame.loc[4, 'when'] = pd.NaT
+  as_text.loc[4, 'when'] = ''
+  np.testing.assert_array_equal(plan.encode(frame, 'x.parquet')[0],
+                                plan.encode(as_text, 'x.csv')[0])
+
+
+def test_a_table_of_targets_alone_is_refused_saying_so():
+  frame = pd.DataFrame({'y': np.arange(30.0)})
+  with pytest.raises(DataError, match="'train.csv' has no column besides "
+                     'the target.s. y: a model needs at least one feature'):
+    column_plan.fit(frame, ('y',), path='train.csv')
+
+
+# Cells that mean missing however a file holds them: a CSV's exact token,
+# Parquet's text (pandas does not read it), one padded with spaces.
+_TOKENS = ['NA', 'null', 'None', 'n/a', ' NA ', 'nan\u00a0', '?', '']
+
+
+@pytest.mark.parametrize('column', ['city', 'size', 'new', 'sold'])
+def test_the_missing_tokens_are_missing_in_every_kind_of_column(column):
+  frame = _table()
+  plan = _fit(frame)
+  tokens = frame.iloc[:len(_TOKENS)].copy()
+  tokens[column] = pd.Series(_TOKENS, dtype=object)
+  tokens['id'] = [f'token{i}' for i in range(len(_TOKENS))]
+  refit = _fit(pd.concat([tokens, frame], ignore_index=True))
+  # Read as missing: the kinds and vocabularies stay the file's own.
+  assert [(c.name, c.kind, c.vocabulary) for c in refit.features] == [
+      (c.name, c.kind, c.vocabulary) for c in plan.features]
+  blank = tokens.copy()
+  blank[column] = None
+  np.testing.assert_array_equal(plan.encode(tokens, 'x.parquet')[0],
+                                plan.encode(blank, 'x.parquet')[0])
+  assert set(cells.MISSING_TOKENS) >= {'NA', 'null', 'None', 'n/a', '?'}
+
+
+def test_a_category_value_with_unicode_spaces_is_that_value():
+  plan = _fit(_table())
+  frame = _table().iloc[:4].copy()
+  frame['city'] = ['rome\u00a0', '\u2003oslo', 'paris\u3000', 'rome']
+  codes = plan.encode(frame, 'x.csv')[0][:, plan.input_names.index('city')]
+  vocabulary = plan.features[3].vocabulary
+  assert [vocabulary[int(c) - column_plan.FIRST_VALUE_CODE]
+          for c in codes] == ['rome', 'oslo', 'paris', 'rome']
+
+
+def test_a_target_of_classes_is_refused_saying_how_to_predict_one():
+  frame = pd.DataFrame({'a': np.arange(40.0),
+                        'churn': ['no', 'yes', 'no', 'no'] * 10})
+  with pytest.raises(DataError) as e:
+    column_plan.fit(frame, ('churn',), path='train.csv')
+  message = str(e.value)
+  assert ("column 'churn' (a target) holds the classes 'no', 'yes': "
+          'meshfit predicts numbers') in message
+  assert "write the column as 1 for 'yes' and 0 for the others" in message
+  assert 'fix that cell' not in message
+  frame.loc[3, 'churn'] = 'maybe'  # a third class, and a typo in numbers:
+  with pytest.raises(DataError, match="the classes 'maybe', 'no', 'yes'"):
+    column_plan.fit(frame, ('churn',), path='train.csv')
+  frame['churn'] = [str(i) if i != 5 else 'x' for i in range(40)]
+  with pytest.raises(DataError, match="data row 6 .*'x' is not a number"):
+    column_plan.fit(frame, ('churn',), path='train.csv')

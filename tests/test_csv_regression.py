@@ -332,3 +332,22 @@ def test_rare_training_categories_are_not_called_new(tmp_path, caplog):
   assert 'shop (300 rows)' in warning  # s150 ... s449: once each
   assert 'seen fewer than 2 times in the training file' in warning
   assert 'does not have' not in warning
+
+
+@pytest.mark.parametrize('suffix', ['.csv', '.parquet'])
+def test_a_category_value_that_is_a_missing_token_is_warned_of(
+    tmp_path, absl_caplog, suffix):
+  rng = np.random.default_rng(0)
+  frame = pd.DataFrame({'country': rng.choice(['US', 'DE', 'NA'], 40),
+                        'a': rng.normal(size=40), 'y': rng.normal(size=40)})
+  frame.loc[3, 'country'] = 'n/a'  # once: a missing cell, as meant
+  path = str(tmp_path / f'train{suffix}')
+  (frame.to_parquet if suffix == '.parquet' else frame.to_csv)(
+      path, index=False)
+  splits = _load(_dataset(tmp_path, path, ''))
+  city = splits.train.plan.features[0]
+  assert city.vocabulary == ('DE', 'US') and city.has_missing
+  count = (frame['country'] == 'NA').sum()
+  assert (f"column 'country' holds 'NA' in {count} cells, which meshfit "
+          'reads as missing') in absl_caplog.text
+  assert "'n/a'" not in absl_caplog.text

@@ -315,6 +315,8 @@ def test_the_model_card_says_what_goes_in_and_comes_out(runs):
   assert card['step'] == summary['step'] == 200
   assert card['workdir'] == os.path.abspath(workdir)
   assert card['dataset'] == 'csv_regression'
+  # A client sends these as missing, as predict and the SavedModel read them.
+  assert {'NA', 'null', '?'} <= set(card['saved_model']['missing_tokens'])
   try:
     meshfit_version = importlib.metadata.version('meshfit')
   except importlib.metadata.PackageNotFoundError:
@@ -459,6 +461,29 @@ def test_the_saved_model_reads_awkward_dates_as_predict_does(tmp_path):
   want, _ = plan.encode(probe, 'new.csv', '--input')
   np.testing.assert_array_equal(served, want)
   assert np.isnan(want).all(axis=1).sum() == 6  # the missing of the list
+
+
+def test_the_saved_model_reads_tokens_and_unicode_spaces_as_predict_does(
+    tmp_path):
+  """Category cells that mean missing, and values padded with Unicode
+  whitespace (a no-break, an em and an ideographic space): the SavedModel's
+  codes must equal the plan's (predict's)."""
+  plan = ColumnPlan((column_plan.Column(
+      'city', 'category', has_missing=True, vocabulary=('red', 'NAM')),
+      column_plan.Column('when', 'datetime', parts=('days',))), ('y',))
+  cells = ['red', 'red\u00a0', '\u2003red', 'red\u3000', 'NA', ' null ',
+           'None', 'n/a', '?', '', 'NAM', 'blue', '\u00a0']
+  probe = pd.DataFrame({'city': cells, 'when': ['2020-01-02\u3000'] * len(
+      cells)})
+  export_tf.write_saved_model(lambda x_BxI: x_BxI, str(tmp_path / 'sm'),
+                              plan, ('city', 'when'), ('c', 'd'), ('cpu',))
+  served = export_tf.serve_saved_model(
+      str(tmp_path / 'sm'), {c: probe[c].to_numpy(object) for c in probe},
+      ('c', 'd'))
+  want, _ = plan.encode(probe, 'new.parquet', '--input')
+  np.testing.assert_array_equal(served, want)
+  assert want[:, 0].tolist() == [2, 2, 2, 2] + [1] * 6 + [3, 0, 1]
+  assert (want[:, 1] == 18263).all()  # the date, its space stripped
 
 
 def test_predict_and_the_saved_model_agree_on_awkward_dates(runs, tmp_path):

@@ -306,3 +306,50 @@ def test_writer_refuses_a_clashing_column_and_a_missing_directory(
   with pytest.raises(UsageError, match='does not exist; create it first'):
     predict.write_predictions(str(tmp_path / 'no' / 'p.csv'),
                               np.zeros((5, 1), np.float32), ('y',))
+
+
+_IDS = ['00123', 'NA', 'null', 'nan', 'None', '', '1e5', ' 7', '1.50', 'a,b']
+
+
+@pytest.mark.parametrize('suffix', ['.csv', '.parquet'])
+def test_kept_csv_cells_are_copied_byte_for_byte(tmp_path, suffix):
+  path = tmp_path / 'in.csv'
+  path.write_text('id,n,y\n' + ''.join(
+      f'{c if "," not in c else chr(34) + c + chr(34)},{i},1\n'
+      for i, c in enumerate(_IDS)))
+  path.write_text(path.read_text().replace(',4,1\n', ',,1\n'))  # a gap
+  keep = table_files.pass_through(table_files.read_frame(str(path)),
+                                  ['n', 'id'], str(path))
+  out = str(tmp_path / f'pred{suffix}')
+  predict.write_predictions(out, np.zeros((len(_IDS), 1), np.float32),
+                            ('y',), keep)
+  if suffix == '.csv':
+    written = pd.read_csv(out, dtype=str, keep_default_na=False)
+  else:
+    written = pd.read_parquet(out)
+  assert written['id'].tolist() == _IDS
+  assert written['n'].tolist() == [str(i) if i != 4 else ''
+                                   for i in range(len(_IDS))]
+
+
+@pytest.mark.parametrize('suffix', ['.csv', '.parquet'])
+def test_kept_parquet_columns_keep_their_values_and_types(tmp_path, suffix):
+  frame = pd.DataFrame({'id': pd.array([7, None, 123456789012345678],
+                                       'Int64'),
+                        'code': ['00123', 'NA', None], 'y': [1.0, 2, 3]})
+  path = str(tmp_path / 'in.parquet')
+  frame.to_parquet(path, index=False)
+  keep = table_files.pass_through(table_files.read_frame(path),
+                                  ['id', 'code'], path)
+  out = str(tmp_path / f'pred{suffix}')
+  predict.write_predictions(out, np.zeros((3, 1), np.float32), ('y',), keep)
+  if suffix == '.parquet':
+    import pyarrow.parquet as pq  # noqa: PLC0415
+    written = pq.read_table(out)
+    assert str(written.schema.field('id').type) == 'int64'
+    assert written.column('id').to_pylist() == [7, None, 123456789012345678]
+    assert written.column('code').to_pylist() == ['00123', 'NA', None]
+  else:
+    written = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert written['id'].tolist() == ['7', '', '123456789012345678']
+    assert written['code'].tolist() == ['00123', 'NA', '']

@@ -1,11 +1,15 @@
 """input_pipeline.table_files: reading users' files, checked."""
 
+import bz2
+import gzip
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
 from cli_helpers import small_frame as _frame, write_table as _write
 
-from input_pipeline import table_files
+from input_pipeline import column_plan, table_files
 from input_pipeline.errors import DataError
 
 
@@ -26,7 +30,10 @@ def test_the_delimiter_is_read_from_the_header(tmp_path, delimiter):
                   f'4{delimiter}5{delimiter}6\n')
   read = table_files.read_frame(str(path))
   assert list(read.columns) == ['a', 'b', 'y']
-  assert read['b'].tolist() == ['2,5', '5']  # commas are data here
+  # Commas are data here: a decimal comma in a semicolon-separated file (a
+  # spreadsheet in a decimal-comma locale writes it so), else text.
+  assert read['b'].tolist() == ([2.5, 5.0] if delimiter == ';' else
+                                ['2,5', '5'])
 
 
 def test_missing_cells_read_as_missing(tmp_path):
@@ -104,3 +111,74 @@ def test_a_file_that_is_not_utf8_is_named_with_the_line_and_the_fix(
       message)
   assert 're-save the file as UTF-8' in message
   assert 'fields as the header' not in message
+
+
+def _decimal_comma_table(tmp_path) -> str:
+  """A semicolon-separated file as a decimal-comma spreadsheet writes it."""
+  rows = ['a;b;cat;y'] + [f'0,{i:03d};12,250;{c};{i}'
+                          for i, c in zip(range(500, 530), 'rgb' * 10)]
+  rows[3] = '1.5;12,250;r;3'  # a point reads as a decimal point too
+  (tmp_path / 't.csv').write_text('\n'.join(rows) + '\n')
+  return str(tmp_path / 't.csv')
+
+
+def test_a_semicolon_file_reads_decimal_commas_alike_everywhere(tmp_path):
+  path = _decimal_comma_table(tmp_path)
+  whole = table_files.read_frame(path)  # eval and predict read it so
+  chunks = [f for f, _ in table_files.iter_frames(path, '', 7)]  # training
+  plan = column_plan.fit(whole, ('y',), path=path)
+  assert [c.kind for c in plan.features] == ['number', 'left_out',
+                                              'category']
+  want = [0.5, 0.501, 1.5, 0.503]
+  np.testing.assert_allclose(plan.encode(whole, path)[0][:4, 0], want)
+  np.testing.assert_allclose(plan.encode(chunks[0], path)[0][:4, 0], want)
+  assert plan.features[1].reason.startswith('12.25 in every')
+
+
+@pytest.mark.parametrize('cell', ['0,500', '-0,125', '4,5'])
+def test_a_decimal_comma_elsewhere_is_refused_not_read_as_thousands(
+    tmp_path, cell):
+  frame = pd.DataFrame({'a': ['1,250', '2,500,000'] * 15,
+                        'y': np.arange(30.0)})
+  frame.loc[7, 'a'] = cell
+  frame.to_csv(tmp_path / 't.csv', index=False)
+  read = table_files.read_frame(str(tmp_path / 't.csv'))
+  with pytest.raises(DataError) as e:
+    column_plan.fit(read, ('y',), path='t.csv')
+  assert f"data row 8 (1-based, header not counted): '{cell}' is not a " in (
+      str(e.value))
+  assert 'a decimal comma is read in a semicolon-separated file' in str(
+      e.value)
+  plan = column_plan.fit(read.drop(7), ('y',), path='t.csv')
+  np.testing.assert_array_equal(plan.encode(read.iloc[:2], 't.csv')[0][:, 0],
+                                [1250, 2500000])
+
+
+def test_a_symlink_loop_is_named_as_one(tmp_path):
+  os.symlink(tmp_path / 'b.csv', tmp_path / 'a.csv')
+  os.symlink(tmp_path / 'a.csv', tmp_path / 'b.csv')
+  with pytest.raises(DataError, match=r"'.*a\.csv' \(dataset.train_path\) is "
+                     'a loop of symbolic links'):
+    table_files.read_frame(str(tmp_path / 'a.csv'), 'dataset.train_path')
+
+
+def test_a_gzip_csv_file_is_read_as_its_text(tmp_path):
+  frame = _frame(30)
+  frame.to_csv(tmp_path / 't.csv', index=False)
+  with gzip.open(tmp_path / 't.csv.gz', 'wb') as f:
+    f.write((tmp_path / 't.csv').read_bytes())
+  plain = table_files.read_frame(str(tmp_path / 't.csv'))
+  packed = str(tmp_path / 't.csv.gz')
+  pd.testing.assert_frame_equal(table_files.read_frame(packed), plain)
+  chunks = [f for f, _ in table_files.iter_frames(packed, '', 7)]
+  pd.testing.assert_frame_equal(pd.concat(chunks, ignore_index=True), plain)
+  kept = table_files.pass_through(plain, ['id'], packed)
+  assert kept['id'].tolist() == frame['id'].tolist()
+
+
+def test_another_compression_is_named(tmp_path):
+  (tmp_path / 't.csv.bz2').write_bytes(bz2.compress(b'a,y\n1,2\n'))
+  with pytest.raises(DataError, match='is compressed with bzip2; .*gzip'):
+    table_files.read_frame(str(tmp_path / 't.csv.bz2'), '--input')
+  with pytest.raises(DataError, match='is compressed with bzip2'):
+    list(table_files.iter_frames(str(tmp_path / 't.csv.bz2'), '--input', 5))

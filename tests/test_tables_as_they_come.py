@@ -363,6 +363,80 @@ def test_a_target_of_text_is_refused_with_exit_2(tmp_path):
   frame.to_csv(tmp_path / 'train.csv', index=False)
   config = _config(tmp_path, str(tmp_path / 'train.csv'),
                    str(tmp_path / 'train.csv'), targets=('y',))
-  with pytest.raises(DataError, match="column 'y', data row 1 .*'x' is not a "
-                     'number'):
+  with pytest.raises(DataError, match="column 'y' .a target. holds the "
+                     "classes 'x': meshfit predicts numbers"):
     loop.train_and_evaluate(config, str(tmp_path / 'run'))
+
+
+def _train_and_predict(tmp_path, frame: pd.DataFrame, name: str):
+  """Trains a short run on `frame` (written as `name`), then predicts the
+  same file: (the run's result, the predictions)."""
+  path = str(tmp_path / name)
+  if name.endswith('.parquet'):
+    frame.to_parquet(path, index=False)
+  else:
+    frame.to_csv(path, index=False)
+  config = _config(tmp_path, path, '', targets=('y',),
+                   **{'num_train_steps': 40, 'eval_every_steps': 20,
+                      'model.ensemble_size': 2,
+                      'dataset.validation_folds': 2})
+  workdir = str(tmp_path / 'run')
+  final = loop.train_and_evaluate(config, workdir)
+  predict.predict(config, workdir, path, str(tmp_path / 'pred.csv'))
+  return final, pd.read_csv(tmp_path / 'pred.csv')
+
+
+def test_a_table_whose_features_are_all_categories_trains(tmp_path):
+  rng = np.random.default_rng(4)
+  n = 300
+  frame = pd.DataFrame({'c1': rng.choice(list('abcde'), n),
+                        'c2': rng.choice(list('xyz'), n)})
+  frame['y'] = 2.0 * (frame['c1'] == 'a') + (frame['c2'] == 'x')
+  final, pred = _train_and_predict(tmp_path, frame, 'cats.csv')
+  assert final['num_examples'] == n and final['r2'] > 0.5
+  assert len(pred) == n and pred['y_pred'].notna().all()
+
+
+def test_a_table_with_parquet_timestamps_trains(tmp_path):
+  rng = np.random.default_rng(5)
+  n = 300
+  frame = pd.DataFrame({
+      'when': pd.date_range('2020-01-01', periods=n),
+      'at': pd.date_range('2020-01-01 06:00', periods=n, freq='7h',
+                          tz='Europe/Paris')})
+  frame['y'] = frame['when'].dt.month + rng.normal(0, 0.1, n)
+  final, pred = _train_and_predict(tmp_path, frame, 't.parquet')
+  assert final['num_examples'] == n and final['r2'] > 0.5
+  assert len(pred) == n and pred['y_pred'].notna().all()
+  with open(os.path.join(tmp_path, 'run', 'checkpoints', str(final['step']),
+                         'meta', 'metadata'), encoding='utf-8') as f:
+    plan = json.load(f)['column_plan']
+  assert [c['kind'] for c in plan['features']] == ['datetime'] * 2
+
+
+def _strict_json(text: str):
+  """JSON as the standard has it: NaN and Infinity are no JSON."""
+  def refuse(constant):
+    raise ValueError(f'{constant} is not JSON')
+  return json.loads(text, parse_constant=refuse)
+
+
+def test_a_constant_target_writes_valid_json_and_is_warned_of(
+    tmp_path, absl_caplog):
+  rng = np.random.default_rng(6)
+  frame = pd.DataFrame({'a': rng.normal(size=100), 'y': 5.0})
+  frame.to_csv(tmp_path / 't.csv', index=False)
+  config = _config(tmp_path, str(tmp_path / 't.csv'), str(tmp_path / 't.csv'),
+                   targets=('y',), **{'num_train_steps': 20,
+                                      'eval_every_steps': 10,
+                                      'model.ensemble_size': 2,
+                                      'dataset.validation_folds': 2})
+  workdir = tmp_path / 'run'
+  loop.train_and_evaluate(config, str(workdir))
+  assert "target 'y' holds 5 in every training row" in absl_caplog.text
+  result = evaluate.evaluate(config, str(workdir))
+  written = _strict_json((workdir / 'eval' / f'step_{result["step"]}.json'
+                          ).read_text())
+  assert written['r2'] is None and written['rmse'] < 1.0
+  for line in (workdir / 'metrics.jsonl').read_text().splitlines():
+    _strict_json(line)

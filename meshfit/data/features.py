@@ -92,6 +92,10 @@ class InputLayout:
 class FeatureStats:
   """The training split's statistics (float32), kept in the train state.
 
+  A table without number columns keeps one unused entry in each number
+  statistic: Orbax cannot save an empty array (`model_inputs` reads the
+  first `len(layout.number_columns)` entries).
+
   Attributes:
     fill_N: each number's value for a missing cell (its training median).
     mean_N: each number's training mean (standardize).
@@ -123,6 +127,8 @@ class FeatureStats:
           numbers) else np.zeros(num_numbers)
     filled = np.where(np.isnan(numbers), fill, numbers)
     identity = cls.identity(num_numbers, y_NxT.shape[1])
+    if not num_numbers:  # nothing to fill or scale; see the class doc
+      fill, filled = np.zeros(1), np.zeros((len(numbers), 1))
     if layout.scaling == 'none':
       return identity.replace(fill_N=fill.astype(np.float32))
     mean, std = _mean_std(filled)
@@ -136,11 +142,12 @@ class FeatureStats:
   @classmethod
   def identity(cls, num_numbers: int, num_targets: int) -> 'FeatureStats':
     """Statistics that change nothing (and fill a missing number with 0)."""
-    return cls(np.zeros(num_numbers, np.float32),
-               np.zeros(num_numbers, np.float32),
-               np.ones(num_numbers, np.float32),
+    stored = max(num_numbers, 1)  # see the class doc
+    return cls(np.zeros(stored, np.float32),
+               np.zeros(stored, np.float32),
+               np.ones(stored, np.float32),
                np.tile(np.linspace(-3, 3, NUM_QUANTILES, dtype=np.float32),
-                       (num_numbers, 1)),
+                       (stored, 1)),
                np.zeros(num_targets, np.float32),
                np.ones(num_targets, np.float32))
 
@@ -183,18 +190,19 @@ def model_inputs(stats: FeatureStats, layout: InputLayout,
     int32 category codes B x C, 'raw': the numbers standardised and clipped
     B x N (B x 0 unless layout.raw_numbers)}.
   """
+  n = len(layout.number_columns)  # the stats may hold one more entry
+  fill_N, mean_N, std_N = stats.fill_N[:n], stats.mean_N[:n], stats.std_N[:n]
   numbers = x_BxF[:, list(layout.number_columns)]
   absent = jnp.isnan(numbers)
-  numbers = jnp.where(absent, stats.fill_N[None], numbers)
+  numbers = jnp.where(absent, fill_N[None], numbers)
   raw = numbers[:, :0]
   if layout.raw_numbers:
     raw = (numbers if layout.scaling == 'none' else jnp.clip(
-        (numbers - stats.mean_N[None]) / stats.std_N[None], -RAW_CLIP,
-        RAW_CLIP))
+        (numbers - mean_N[None]) / std_N[None], -RAW_CLIP, RAW_CLIP))
   if layout.scaling == 'quantile':
-    numbers = _quantile_normal(numbers, stats.quantiles_NxQ)
+    numbers = _quantile_normal(numbers, stats.quantiles_NxQ[:n])
   elif layout.scaling == 'standardize':
-    numbers = (numbers - stats.mean_N[None]) / stats.std_N[None]
+    numbers = (numbers - mean_N[None]) / std_N[None]
   return {'numbers': numbers, 'raw': raw,
           'missing': absent[:, list(layout.missing_numbers)].astype(
               jnp.float32),

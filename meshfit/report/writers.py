@@ -30,6 +30,19 @@ import storage
 REMOTE_FLUSH_SECONDS = 30.0
 
 
+def json_safe(value: Any) -> Any:
+  """`value` (dicts, lists and numbers, nested) as standard JSON holds it:
+  a NaN or infinite number becomes null, since json.dump would write NaN,
+  which no strict JSON reader takes (the r2 of a constant target is none)."""
+  if isinstance(value, dict):
+    return {k: json_safe(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [json_safe(v) for v in value]
+  if isinstance(value, (float, np.floating)):
+    return float(value) if np.isfinite(value) else None
+  return value
+
+
 class ScalarWriter(abc.ABC):
   """Where logged scalars go (the part of CLU's MetricWriter meshfit uses)."""
 
@@ -140,7 +153,7 @@ class JsonlWriter(ScalarWriter):
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     record = {'step': int(step)}
-    record.update({k: float(v) for k, v in scalars.items()})
+    record.update({k: json_safe(float(v)) for k, v in scalars.items()})
     self._file.write((json.dumps(record) + '\n').encode('utf-8'))
     if self._local:
       # Each record reaches the file as it is written, so a killed run

@@ -21,7 +21,7 @@ from meshfit.model import inference, optim
 from meshfit.model.setup import Setup
 from meshfit.model.state import TrainState
 from meshfit.parallel import compilation_cache
-from meshfit.report import plots
+from meshfit.report import plots, writers
 
 
 def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
@@ -82,7 +82,7 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
     storage.makedirs(storage.join(workdir, 'eval'))
     with storage.atomic_write(storage.join(workdir, 'eval',
                                            f'{name}.json')) as f:
-      json.dump(result, f, indent=2)
+      json.dump(writers.json_safe(result), f, indent=2)
       f.write('\n')
   if config.plots and table is not None:
     # Every process takes part in the predictions; process 0 draws them.

@@ -49,6 +49,7 @@ from meshfit.errors import UsageError
 from meshfit.model import forward as forward_lib, state as state_lib
 from meshfit.model.setup import Setup
 from meshfit.parallel import sharding
+from meshfit.report import writers
 from meshfit.serve import (export_tf, model_card, outputs as outputs_lib,
                            predict)
 from meshfit.serve.model_card import (JAX_EXPORT_FILE, PLATFORMS,
@@ -115,7 +116,7 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
     card = model_card.model_card(config, workdir, step, plan, input_names,
                       output_names, tf_version, scores, missing, check)
     with open(os.path.join(tmp, MODEL_CARD_FILE), 'w', encoding='utf-8') as f:
-      json.dump(card, f, indent=2)
+      json.dump(writers.json_safe(card), f, indent=2)
       f.write('\n')
     files = _files_under(tmp)
     _move_into_place(tmp, output_dir)

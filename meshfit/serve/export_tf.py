@@ -2,7 +2,9 @@
 
 The signature takes each feature column as a user's table holds it: numbers
 (and booleans, as 1 or 0) as float32 with NaN for a missing value,
-categories as their text (an empty string is missing), dates as text in
+categories as their text (an empty string, or one of the tokens that mean
+missing, input_pipeline/cells.py's MISSING_TOKENS, is missing; Unicode
+whitespace around a cell is stripped, as predict strips it), dates as text in
 the forms input_pipeline/cells.py reads ('2016-07-02',
 '2016-07-02T14:30:00+02:00'; without an offset, UTC), a cell that is no
 date being missing, as predict reads it. TensorFlow ops
@@ -144,12 +146,21 @@ def _tf_encoder(tf, column: column_plan.Column):
     missing = float(column_plan.MISSING_CODE if column.has_missing
                     else column_plan.UNKNOWN_CODE)
 
+    tokens = tf.constant(('',) + cells.MISSING_TOKENS)
+
     def encode(values):
-      text = tf.strings.strip(values)
-      return tf.where(text == '', missing, table.lookup(text))[:, None]
+      text = _tf_strip(tf, values)
+      is_missing = tf.reduce_any(text[:, None] == tokens[None, :], axis=1)
+      return tf.where(is_missing, missing, table.lookup(text))[:, None]
     encode.table = table
     return encode
   return lambda values: _tf_date_parts(tf, values, column.parts)
+
+
+def _tf_strip(tf, text):
+  """`text` stripped of cells.WHITESPACE, as predict strips a cell."""
+  space = ''.join(f'\\x{{{ord(c):x}}}' for c in cells.WHITESPACE)
+  return tf.strings.regex_replace(text, f'^[{space}]+|[{space}]+$', '')
 
 
 def _tf_date_parts(tf, text, parts: Sequence[str]):
@@ -159,7 +170,7 @@ def _tf_date_parts(tf, text, parts: Sequence[str]):
   regular expressions (RE2 reads them as Python does) and its arithmetic,
   run here on float64 tensors.
   """
-  text = tf.strings.strip(text)
+  text = _tf_strip(tf, text)
   for pattern, rewrite in cells.DATE_REWRITES:
     text = tf.strings.regex_replace(text, pattern, rewrite)
   matched = tf.strings.regex_full_match(text, cells.DATE_PATTERN)

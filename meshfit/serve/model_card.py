@@ -127,8 +127,10 @@ def model_card(config: Config, workdir: str, step: int, plan: ColumnPlan,
           'directory': SAVED_MODEL_DIR, 'signature': export_tf.SIGNATURE,
           'inputs': ('one [b] tensor per feature, named by its '
                      '"signature_input": float32 numbers (NaN missing), '
-                     'booleans as 1/0, categories as text (empty missing), '
-                     'dates as text (see "dates")'),
+                     'booleans as 1/0, categories as text (stripped of '
+                     'whitespace; empty or one of "missing_tokens": '
+                     'missing), dates as text (see "dates")'),
+          'missing_tokens': list(cells.MISSING_TOKENS),
           'outputs': ('one float32 [b] tensor per name of '
                       '"jax_export.outputs": each target\'s prediction '
                       '("signature_output") and, for a gaussian model, its '
