@@ -5,7 +5,7 @@
         [--workdir=DIR] [--meshfit_args='--config.X=Y ...'] [--skip_refs]
         [--output=results.json]
 
-Issue 13's benchmark. For every table and split, meshfit runs exactly as a
+For every table and split, meshfit runs exactly as a
 user runs it, configs/csv.py untouched and nothing but the target named:
 
     python train.py --config=configs/csv.py --workdir=W \
@@ -133,7 +133,7 @@ DEV_TABLES = (
     DevTable('ggplot2movies', 'movies', 'rating',
              tuple(f'r{i}' for i in range(1, 11)),
              'free-text titles, large, NaN'),
-    # Added with issue 13's cross-fitted defaults: more tables that nothing
+    # Added with the cross-fitted defaults: more tables that nothing
     # was designed on, spread over sizes, in increasing rows.
     # Consumer Reports' 1990 cars: 111 rows, 34 columns, 9 of text (tire
     # sizes, transmissions), NaN in 22 columns and in 6 prices.
