@@ -119,12 +119,13 @@ flags.DEFINE_string('test', os.path.join(_TABLE, 'test.csv'),
                     'first_minute: the eval file (and predict input).')
 flags.DEFINE_string('target', 'bwt', 'first_minute: the column to predict.')
 flags.DEFINE_string('json', None, 'Also write every measurement here.')
+flags.DEFINE_integer('matmul_n', 2048, 'Side of the square matmul whose '
+                     'best rate is the peak that "of peak" divides by.')
 
 LEARNING_RATE = 1e-3
 # Distinct batches in each table (the loops over in-memory arrays cycle
 # through as many).
 NUM_BATCHES = 8
-MATMUL_N = 2048  # square matmul of the peak measurement
 # The checkpoint section's period: short enough for several saves in its
 # window, so that the cost of one save can be read off in the steady state.
 CHECKPOINT_SECONDS = 1.0
@@ -309,14 +310,13 @@ class Meshfit(Variant):
     self.checkpoints: list[int] = []
     # The window of each run (CallClock.window).
     self.windows: list[dict[str, float]] = []
-    # The first call's steps (a run's window opens after it); this first
-    # run also prepares the table and fills the compilation cache.
+    # The first call's steps (a run's window opens after it), once a run
+    # has shown it.
     self._first = 0
-    self._first = self._train(max(size.default_steps // members, 2))[0]
 
   def _train(self, num_steps: int) -> tuple[int, dict[str, float]]:
-    """A run of the first call and `num_steps` more: the first call's steps
-    and the window after it."""
+    """A run of `self._first` steps and `num_steps` more: its first call's
+    steps and the window after that call."""
     config = self.config.copy_and_resolve_references()
     config.num_train_steps = self._first + num_steps
     # One evaluation, after the last step.
@@ -337,8 +337,10 @@ class Meshfit(Variant):
 
   def run(self, num_steps: int) -> float:
     # At least a second call as long as the first, so that the window holds
-    # one (a call may run up to a few hundred steps).
-    _, window = self._train(max(num_steps, self._first))
+    # one: a run of fewer steps than a call is run again, longer.
+    window = {'steps': 0}
+    while not window['steps']:
+      self._first, window = self._train(max(num_steps, self._first))
     self.windows.append(window)
     return window['seconds'] * num_steps / window['steps']
 
@@ -484,7 +486,7 @@ class Torch(Variant):
 
 def _matmul_peaks(have_torch: bool) -> dict[str, float]:
   """GFLOP/s of one square matmul, best of five, per library and dtype."""
-  n = MATMUL_N
+  n = FLAGS.matmul_n
   flops = 2.0 * n**3
   rng = np.random.default_rng(0)
   a_np = rng.standard_normal((n, n), np.float32)
@@ -824,7 +826,7 @@ def main(argv: Sequence[str]) -> None:
         'share the cores: compare ratios, not absolute rates).\n')
   peaks = {k: max(v) for k, v in results['peaks'].items()}
   if peaks:
-    report.append(f'Matmul peak ({MATMUL_N}^3, best of every round):\n')
+    report.append(f'Matmul peak ({FLAGS.matmul_n}^3, best of every round):\n')
     report.append(markdown_table(['matmul', 'GFLOP/s'],
                                  [[k, f'{v:.0f}'] for k, v in peaks.items()]))
   for size_name, res in results['sizes'].items():
