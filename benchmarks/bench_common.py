@@ -119,6 +119,8 @@ class Run:
   start: float  # time.time() at launch
   output: str  # process 0's stderr and stdout
   peak_rss_gib: list[float]  # each process's, from wait4
+  cpu_seconds: float  # user + system, all processes
+  timed_out: bool = False
 
   @property
   def lines(self) -> list[str]:
@@ -153,11 +155,11 @@ def train_py(args: Sequence[str], processes: int = 1,
       gets --coordinator_address, --num_processes and its --process_id).
     devices: CPU devices per process (XLA_FLAGS); None keeps the
       environment's.
-    timeout: seconds before the processes are killed (returncode -9).
+    timeout: seconds before the processes are killed (`timed_out`).
 
   Returns:
     The run: exit status (the first non-zero one), wall seconds, process 0's
-    output and each process's peak RSS.
+    output, each process's peak RSS and their CPU time.
   """
   extra = ({} if devices is None else
            {'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}'})
@@ -179,22 +181,30 @@ def train_py(args: Sequence[str], processes: int = 1,
              for i in range(processes)]
   for r in readers:
     r.start()
+  killed = threading.Event()
+
+  def kill() -> None:
+    killed.set()
+    for p in procs:
+      p.kill()
   timer = None
   if timeout is not None:
-    timer = threading.Timer(timeout, lambda: [p.kill() for p in procs])
+    timer = threading.Timer(timeout, kill)
     timer.start()
-  peaks, returncode = [], 0
+  peaks, cpu, returncode = [], 0.0, 0
   for p in procs:  # wait4: each child's own peak RSS (KiB on Linux)
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     returncode = returncode or p.returncode
     peaks.append(usage.ru_maxrss / 2**20)
+    cpu += usage.ru_utime + usage.ru_stime
   seconds = time.time() - start
   if timer is not None:
     timer.cancel()
   for r in readers:
     r.join()
-  return Run(returncode, seconds, start, outputs[0], peaks)
+  return Run(returncode, seconds, start, outputs[0], peaks, cpu,
+             killed.is_set())
 
 
 def checked(run: Run) -> Run:

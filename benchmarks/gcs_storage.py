@@ -32,7 +32,7 @@ os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from bench_common import markdown_table  # noqa: E402
+from bench_common import markdown_table, number  # noqa: E402
 
 import storage  # noqa: E402
 from storage import emulator as gcs_emulator  # noqa: E402
@@ -94,7 +94,7 @@ def measure_prepare(local: str, remote: str, rows: int, target: str,
       print(f'prepare, {case}: {seconds:.2f} s', flush=True)
   rate = {case: rows / s for case, s in best.items()}
   return [(f'prepare, {case}, rows/s', f'{rate["local"]:,.0f}',
-           f'{rate[case]:,.0f}', f'{rate[case] / rate["local"]:.2f}')
+           f'{rate[case]:,.0f}', number(rate[case] / rate['local']))
           for case in ('gs files', 'gs files and data_dir')]
 
 
@@ -154,7 +154,7 @@ def main() -> None:
         assert rows == args.rows, (rows, args.rows)
         rates.append(rows / seconds)
       results.append((what, f'{rates[0]:,.0f}', f'{rates[1]:,.0f}',
-                      f'{rates[1] / rates[0]:.2f}'))
+                      number(rates[1] / rates[0])))
     if 'checkpoint' in sections:
       n = args.checkpoint_mb * 2**20 // 4
       tree = {'w': jnp.asarray(rng.standard_normal(n, np.float32))}
@@ -162,7 +162,7 @@ def main() -> None:
                for root in (local, remote)]
       results.append((f'Orbax save {args.checkpoint_mb} MB, s',
                       f'{times[0]:.2f}', f'{times[1]:.2f}',
-                      f'{times[1] / times[0]:.2f}'))
+                      number(times[1] / times[0])))
   print(f'{args.rows:,} rows x {args.columns} float32 columns, '
         f'blocks of {args.block_rows:,} rows\n')
   print(markdown_table(['what', 'local disk', 'emulator', 'emulator/local'],

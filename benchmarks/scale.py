@@ -43,7 +43,7 @@ import numpy as np
 from absl import app, flags
 
 import bench_common
-from bench_common import markdown_table
+from bench_common import markdown_table, number
 
 SECTIONS = ('prepare', 'train', 'csv')
 CSV_RUNS = ('cold', 'prepared', 'resident')
@@ -189,10 +189,10 @@ def main(argv: Sequence[str]) -> None:
     if 'prepare' in FLAGS.sections:
       two = measure_prepare(files, data_dir, rows, 2)
       one = measure_prepare(files, data_dir, rows, 1)
-      prepare_rows.append([label, f'{one["seconds"]:.1f}',
-                           f'{one["rows_per_s_per_process"] / 1e6:.2f}',
-                           f'{one["rss_gib"]:.2f}', f'{two["seconds"]:.1f}',
-                           f'{two["rows_per_s_per_process"] / 1e6:.2f}',
+      prepare_rows.append([label, number(one['seconds']),
+                           number(one['rows_per_s_per_process'] / 1e6),
+                           f'{one["rss_gib"]:.2f}', number(two['seconds']),
+                           number(two['rows_per_s_per_process'] / 1e6),
                            f'{two["rss_gib"]:.2f}'])
       print(prepare_rows[-1], flush=True)
     if 'train' in FLAGS.sections:

@@ -652,9 +652,11 @@ def size_report(size: Size, res: dict[str, Any],
     extra.append([f'{ckpt} / no ckpt (cost {100 * (1 - ratio):.1f}%; '
                   f'{min(saves)} to {max(saves)} checkpoints in its '
                   f'{window:.1f} s)', _fmt(ratio)])
-    extra.append([f'one save costs training {1e3 * per_save:.0f} ms; at the '
-                  f'default checkpoint_every_seconds={default_seconds:g}: '
-                  'cost', f'{100 * per_save / default_seconds:.2f}%'])
+    if max(saves):
+      extra.append([f'one save costs training {1e3 * per_save:.0f} ms; at '
+                    'the default checkpoint_every_seconds='
+                    f'{default_seconds:g}: cost',
+                    f'{100 * per_save / default_seconds:.2f}%'])
   if extra:
     out.append('\n' + markdown_table(['ratio', 'value'], extra))
   return '\n'.join(out)
