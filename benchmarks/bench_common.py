@@ -126,11 +126,6 @@ class Run:
   def lines(self) -> list[str]:
     return self.output.splitlines()
 
-  def error(self) -> str:
-    """The last `error:` line, or the last line."""
-    errors = [line for line in self.lines if line.startswith('error:')]
-    return errors[-1] if errors else (self.lines[-1] if self.lines else '')
-
 
 def env(**extra: str) -> dict[str, str]:
   """The environment of a benchmark's subprocess: local and quiet."""

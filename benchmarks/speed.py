@@ -279,7 +279,7 @@ class Meshfit(Variant):
     if wait_every:
       self.name += ', every call waited for'
     self.fixed_steps = steps
-    self.members, self.size, self._workroot = members, size, workroot
+    self._workroot = workroot
     self._checkpointing = bool(checkpoint_every_seconds)
     self._wait_every = wait_every
     self.config = default.get_config()
