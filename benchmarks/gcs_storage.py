@@ -32,7 +32,7 @@ os.environ.setdefault('GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT', 'false')
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
-from bench_common import markdown_table  # noqa: E402
+from bench_common import markdown_table, number  # noqa: E402
 
 import storage  # noqa: E402
 from storage import emulator as gcs_emulator  # noqa: E402
@@ -70,9 +70,10 @@ def save_checkpoint(directory: str, tree: dict) -> float:
 
 def prepare(train: str, eval_path: str, target: str, data_dir: str) -> float:
   """Seconds to prepare `train` and `eval_path` into `data_dir` afresh."""
-  from input_pipeline import csv_regression  # noqa: PLC0415
+  from input_pipeline.csv_regression import (  # noqa: PLC0415
+      prepare as prepare_table)
   start = time.perf_counter()
-  csv_regression.prepare(train, eval_path, (target,), (), (), data_dir)
+  prepare_table(train, eval_path, (target,), (), (), data_dir)
   seconds = time.perf_counter() - start
   storage.rmtree(data_dir)  # the emulator keeps objects in memory
   return seconds
@@ -92,16 +93,9 @@ def measure_prepare(local: str, remote: str, rows: int, target: str,
       best[case] = min(best[case], seconds)
       print(f'prepare, {case}: {seconds:.2f} s', flush=True)
   rate = {case: rows / s for case, s in best.items()}
-  results = [(f'prepare, {case}, rows/s', f'{rate["local"]:,.0f}',
-              f'{rate[case]:,.0f}', f'{rate[case] / rate["local"]:.2f}')
-             for case in ('gs files', 'gs files and data_dir')]
-  # Part of each: a local file's key hashes its bytes, an object's reads
-  # its metadata.
-  from input_pipeline import file_keys  # noqa: PLC0415
-  keying = [min(timed(file_keys.file_digest, storage.join(root, 't.parquet'))
-                [0] for _ in range(repeats)) for root in (local, remote)]
-  return results + [('of which keying the table, s', f'{keying[0]:.2f}',
-                     f'{keying[1]:.3f}', f'{keying[1] / keying[0]:.3f}')]
+  return [(f'prepare, {case}, rows/s', f'{rate["local"]:,.0f}',
+           f'{rate[case]:,.0f}', number(rate[case] / rate['local']))
+          for case in ('gs files', 'gs files and data_dir')]
 
 
 def timed(fn, *args) -> tuple[float, int]:
@@ -160,7 +154,7 @@ def main() -> None:
         assert rows == args.rows, (rows, args.rows)
         rates.append(rows / seconds)
       results.append((what, f'{rates[0]:,.0f}', f'{rates[1]:,.0f}',
-                      f'{rates[1] / rates[0]:.2f}'))
+                      number(rates[1] / rates[0])))
     if 'checkpoint' in sections:
       n = args.checkpoint_mb * 2**20 // 4
       tree = {'w': jnp.asarray(rng.standard_normal(n, np.float32))}
@@ -168,7 +162,7 @@ def main() -> None:
                for root in (local, remote)]
       results.append((f'Orbax save {args.checkpoint_mb} MB, s',
                       f'{times[0]:.2f}', f'{times[1]:.2f}',
-                      f'{times[1] / times[0]:.2f}'))
+                      number(times[1] / times[0])))
   print(f'{args.rows:,} rows x {args.columns} float32 columns, '
         f'blocks of {args.block_rows:,} rows\n')
   print(markdown_table(['what', 'local disk', 'emulator', 'emulator/local'],

@@ -1,78 +1,80 @@
-"""Tables bigger than a host: preparing, memory, first step, input speed.
+"""Tables bigger than a host: preparing, memory, first step, throughput.
 
 For each size (default 1M, 10M and 50M rows x 20 float32 features and one
 target, in 8 Parquet files, plus a 100k-row evaluation file) it measures,
 each in fresh processes:
 
-  prepare         `csv_regression.prepare` of the files into a fresh
-                  data_dir: rows/s per process and peak RSS, with 1 process
-                  and with 2 (each preparing its share of the files)
-  train           `train.py` on the prepared table, the small model on
-                  1 process x 8 devices and 2 processes x 4 devices (joined
-                  on 127.0.0.1 with gloo), the medium one on 1 x 8: seconds
-                  from the start of the process to its first step (a first
-                  run: preparing the files, compiling without the
-                  persistent cache; the medium run's table is prepared), peak RSS
-                  of each process, and the rows/s the model consumed (the
-                  median of its logged steps/s, x batch)
-  formats         reading random blocks of 4096 rows from the prepared parts
-                  (`Store.read_rows`) against the same blocks as ArrayRecord
-                  records (one record per block, read through
-                  `ArrayRecordDataSource`, what Grain reads with)
-  input           the streamed feed alone (`feeding._Windows`: reading each
-                  lane's windows of blocks from the prepared parts, shuffled)
-                  for one process's entries of every batch, in 1 process
-                  and in 2 at once: rows/s delivered, against what the small
-                  and medium models consume
+  prepare   `csv_regression.prepare` (what train.py runs on a table it has
+            not prepared yet) of the files into a fresh data_dir: rows/s per
+            process and peak RSS, with 1 process and with 2 (each preparing
+            its share of the files)
+  train     `train.py` on the table, the small model on 1 process x 8
+            devices and 2 processes x 4 devices (joined on 127.0.0.1), the
+            medium one on 1 x 8: seconds from launch to the first step of a
+            first run (preparing the files, compiling without the persistent
+            cache), peak RSS of each process, and the rows/s the model
+            consumed (the median of its logged steps/s, x batch)
+  csv       `configs/csv.py`, 50 steps, on 2 processes x 1 device: wall
+            seconds from launch to both processes' exit and each one's peak
+            RSS; streamed (`dataset.resident_table_mb=256`, under the table)
+            cold (preparing it) and prepared, then held in memory and
+            cross-fitted (resident_table_mb over the table's size), as
+            configs/csv.py trains a table that fits
 
 A table larger than `dataset.resident_table_mb` (1024 MiB by default: the
 10M and 50M tables) is streamed; the 1M table is resident.
 
-    python benchmarks/scale.py                       # ~15 minutes, ~20 GB disk
+    python benchmarks/scale.py                       # ~25 minutes, ~20 GB disk
     python benchmarks/scale.py --rows=1000000 --sections=prepare,train
+    python benchmarks/scale.py --rows=10000000 --sections=csv
 
 The tables are generated once into --workroot and kept (delete it after).
 """
 
-import json
 import multiprocessing
 import os
 import re
+import resource
 import shutil
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 
 import numpy as np
 from absl import app, flags
 
-from bench_common import markdown_table  # noqa: E402
-from big_table import generate  # noqa: E402
+import bench_common
+from bench_common import markdown_table, number
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECTIONS = ('prepare', 'train', 'csv')
+CSV_RUNS = ('cold', 'prepared', 'resident')
 
 flags.DEFINE_list('rows', ['1000000', '10000000', '50000000'],
                   'Table sizes, in rows.')
-flags.DEFINE_list('sections', ['prepare', 'train', 'formats', 'input'],
-                  'What to measure.')
+flags.DEFINE_list('sections', list(SECTIONS), f'Any of {", ".join(SECTIONS)}.')
 flags.DEFINE_string('workroot', '/tmp/meshfit-scale', 'Where the tables, '
                     'their prepared copies and the runs go.')
 flags.DEFINE_integer('train_steps', 3000, 'Steps of each training run (the '
                      'small model; its steps/s is the median of its logs).')
-flags.DEFINE_float('input_seconds', 10.0, 'How long the feed alone runs.')
+flags.DEFINE_list('csv_runs', list(CSV_RUNS),
+                  f'The csv section\'s runs: any of {", ".join(CSV_RUNS)}.')
 FLAGS = flags.FLAGS
 
+FEATURES, FILES = 20, 8
 # What the models consume: benchmarks/speed.py's small and medium models,
 # on this table's 20 features.
 MODELS = {'small': ((64, 64), 256), 'medium': ((512, 512), 1024)}
 
 
+def table(rows: int) -> tuple[str, str]:
+  """The training files (a glob) and evaluation file of `rows` rows."""
+  return bench_common.write_table(
+      os.path.join(FLAGS.workroot, f'{rows}', 'files'), rows, FEATURES,
+      files=FILES)
+
+
 def _prepare_worker(files: tuple[str, str], data_dir: str, index: int,
                     count: int, barrier, shared, results) -> None:
-  import resource  # noqa: PLC0415
-  from input_pipeline import csv_regression  # noqa: PLC0415
+  from input_pipeline.csv_regression import prepare  # noqa: PLC0415
 
   def gather(array: np.ndarray) -> np.ndarray:
     # What jax's process_allgather does for train.py, between processes.
@@ -82,10 +84,10 @@ def _prepare_worker(files: tuple[str, str], data_dir: str, index: int,
     barrier.wait()
     return every
   start = time.perf_counter()
-  csv_regression.prepare(files[0], files[1], ('y',), (), (), data_dir,
-                         process_index=index, process_count=count,
-                         barrier=(lambda name: barrier.wait()) if count > 1
-                         else None, gather=gather if count > 1 else None)
+  prepare(files[0], files[1], ('y',), (), (), data_dir,
+          process_index=index, process_count=count,
+          barrier=(lambda name: barrier.wait()) if count > 1 else None,
+          gather=gather if count > 1 else None)
   results.put((index, time.perf_counter() - start,
                resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20))
 
@@ -114,25 +116,6 @@ def measure_prepare(files: tuple[str, str], data_dir: str, rows: int,
           'rss_gib': max(r for _, _, r in out)}
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
-# absl's log line prefix: I1124 00:23:39.123456.
-_STAMP = re.compile(r'^(?:\[p\d+/\d+\] )?[IWE](\d{4}) (\d\d):(\d\d):(\d\d\.\d+)')
-
-
-def _stamp(line: str, year: int) -> float | None:
-  match = _STAMP.match(line)
-  if not match:
-    return None
-  md, h, m, s = match.groups()
-  return time.mktime(time.strptime(f'{year}{md} {h}:{m}:00',
-                                   '%Y%m%d %H:%M:%S')) + float(s)
-
-
 def measure_train(files: tuple[str, str], data_dir: str, workdir: str,
                   processes: int, devices: int, model: str = 'small',
                   steps: int = 0) -> dict:
@@ -140,150 +123,76 @@ def measure_train(files: tuple[str, str], data_dir: str, workdir: str,
 
   `steps` == 1 logs its one step (its time is the first step's); longer
   runs log every 100 steps (a log ends a jitted call: logging every step
-  would measure single-step calls)."""
+  would measure single-step calls).
+  """
   shutil.rmtree(workdir, ignore_errors=True)
   hidden, batch = MODELS[model]
-  flags_ = [
+  steps = steps or FLAGS.train_steps
+  run = bench_common.checked(bench_common.train_py([
       '--config=configs/default.py', '--config.dataset.name=csv_regression',
       f'--config.dataset.train_path={files[0]}',
       f'--config.dataset.eval_path={files[1]}',
       "--config.dataset.target_columns=('y',)",
       f'--config.dataset.data_dir={data_dir}',
-      f"--config.model.hidden_sizes={hidden}", f'--config.batch_size={batch}',
-      '--config.eval_batch_size=4096',
-      f'--config.num_train_steps={steps or FLAGS.train_steps}',
+      f'--config.model.hidden_sizes={hidden}', f'--config.batch_size={batch}',
+      '--config.eval_batch_size=4096', f'--config.num_train_steps={steps}',
       f'--config.log_every_steps={1 if steps == 1 else 100}',
-      f'--config.eval_every_steps={steps or FLAGS.train_steps}',
-      '--config.plots=False', '--config.compilation_cache_dir=',
-      f'--workdir={workdir}',
+      f'--config.eval_every_steps={steps}', '--config.plots=False',
+      '--config.compilation_cache_dir=', f'--workdir={workdir}',
       # The first step is read from the per-step INFO lines.
-      '--verbose']
-  # Peak RSS printed at exit by the process itself.
-  runner = ('import atexit, resource, runpy, sys; atexit.register(lambda: '
-            'print("PEAK_RSS_KB", resource.getrusage(resource.RUSAGE_SELF)'
-            '.ru_maxrss, flush=True)); sys.argv = ["train.py"] + sys.argv[1:];'
-            ' runpy.run_path("train.py", run_name="__main__")')
-  env = dict(os.environ,
-             XLA_FLAGS=f'--xla_force_host_platform_device_count={devices}')
-  port = _free_port()
-  os.makedirs(os.path.dirname(workdir), exist_ok=True)
-  logs = [os.path.join(os.path.dirname(workdir), f'p{i}.log')
-          for i in range(processes)]
-  start = time.time()
-  procs = []
-  for i, log in enumerate(logs):
-    extra = ([f'--coordinator_address=127.0.0.1:{port}',
-              f'--num_processes={processes}', f'--process_id={i}']
-             if processes > 1 else [])
-    with open(log, 'w', encoding='utf-8') as f:
-      procs.append(subprocess.Popen(
-          [sys.executable, '-c', runner, *flags_, *extra], cwd=ROOT, env=env,
-          stdout=f, stderr=subprocess.STDOUT))
-  for p in procs:
-    p.wait(timeout=3600)
-  texts = [open(log, encoding='utf-8').read() for log in logs]
-  for p, text in zip(procs, texts):
-    if p.returncode:
-      raise RuntimeError(f'train.py failed:\n{text[-3000:]}')
-  year = time.localtime(start).tm_year
-  first = min((_stamp(line, year) for line in texts[0].splitlines()
-               if re.search(r'\[1\] .*train/loss=', line)), default=None)
-  records = [json.loads(line) for line in open(
-      os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8')]
-  rates = [r['train/steps_per_sec'] for r in records
+      '--verbose'], processes=processes, devices=devices, timeout=3600))
+  rates = [r['train/steps_per_sec'] for r in bench_common.read_metrics(workdir)
            if 'train/steps_per_sec' in r and r['step'] > 100]
-  return {'first_step_s': first - start if first else None,
-          'rss_gib': [int(re.findall(r'PEAK_RSS_KB (\d+)', t)[-1]) / 2**20
-                      for t in texts],
+  return {'first_step_s': bench_common.first_log(run, r'\[1\] .*train/loss='),
+          'rss_gib': run.peak_rss_gib,
           'rows_per_s': float(np.median(rates)) * batch if rates else None,
-          'streamed': 'streamed from the host' in texts[0]}
+          'streamed': 'streamed from the host' in run.output}
 
 
-def _input_worker(directory: str, index: int, count: int, seconds: float,
-                  results) -> None:
-  from input_pipeline import csv_regression, order  # noqa: PLC0415
-  from meshfit.data import feeding  # noqa: PLC0415
-  store = csv_regression.open_split(directory, 'train')
-  batch = MODELS['small'][1]
-  share = batch // count
-  windows = feeding._Windows(  # noqa: SLF001  (the feed's reading alone)
-      order.ExampleOrder(store.num_examples, batch, seed=0), store,
-      slice(index * share, (index + 1) * share))
-  rows, position, start = 0, 0, time.perf_counter()
-  while time.perf_counter() - start < seconds:
-    rows += windows.rows(position, 128).shape[0] * share
-    position += 128 * batch
-  results.put(rows / (time.perf_counter() - start))
-
-
-def measure_input(directory: str, processes: int) -> float:
-  """Rows/s the streamed feed delivers, all processes together."""
-  context = multiprocessing.get_context('spawn')
-  results = context.Queue()
-  workers = [context.Process(target=_input_worker,
-                             args=(directory, i, processes,
-                                   FLAGS.input_seconds, results))
-             for i in range(processes)]
-  for w in workers:
-    w.start()
-  total = sum(results.get(timeout=600) for _ in workers)
-  for w in workers:
-    w.join()
-  return total
-
-
-def measure_formats(directory: str, blocks: int = 2000) -> dict[str, float]:
-  """Rows/s reading `blocks` random blocks of 4096 rows, both ways."""
-  from array_record.python import (  # noqa: PLC0415
-      array_record_data_source, array_record_module)
-  from input_pipeline import csv_regression  # noqa: PLC0415
-  store = csv_regression.open_split(directory, 'train')
-  rows = 4096
-  count = min(blocks, store.num_examples // rows)
-  path = os.path.join(os.path.dirname(directory), 'blocks.array_record')
-  writer = array_record_module.ArrayRecordWriter(path, 'group_size:1')
-  for b in range(count):
-    writer.write(store.read_rows(b * rows, (b + 1) * rows).tobytes())
-  writer.close()
-  order = np.random.default_rng(0).permutation(count)
-  timings = {}
-  start = time.perf_counter()
-  for b in order:
-    store.read_rows(int(b) * rows, (int(b) + 1) * rows)
-  timings['prepared parts (preadv)'] = count * rows / (
-      time.perf_counter() - start)
-  source = array_record_data_source.ArrayRecordDataSource(path)
-  start = time.perf_counter()
-  for i in range(0, count, 64):
-    for record in source.__getitems__(order[i:i + 64].tolist()):
-      np.frombuffer(record, np.float32).reshape(rows, -1)
-  timings['ArrayRecord (64 records a call)'] = count * rows / (
-      time.perf_counter() - start)
-  os.remove(path)
-  return timings
-
-
-def _prepared(data_dir: str) -> str:
-  root = os.path.join(data_dir, 'csv_regression')
-  return os.path.join(root, os.listdir(root)[0])
+def measure_csv(files: tuple[str, str], data_dir: str, workdir: str,
+                resident_mb: int) -> list[str]:
+  """configs/csv.py, 50 steps, 2 processes x 1 device: one table row."""
+  shutil.rmtree(workdir, ignore_errors=True)
+  run = bench_common.checked(bench_common.train_py([
+      '--config=configs/csv.py', f'--workdir={workdir}',
+      f'--config.dataset.train_path={files[0]}',
+      f'--config.dataset.eval_path={files[1]}',
+      "--config.dataset.target_columns=('y',)",
+      f'--config.dataset.data_dir={data_dir}',
+      f'--config.compilation_cache_dir={os.path.join(data_dir, "cache")}',
+      '--config.num_train_steps=50', '--verbose',
+      f'--config.dataset.resident_table_mb={resident_mb}'],
+      processes=2, devices=1, timeout=3600))
+  sized = re.search(r'Sized to .*', run.output)
+  fed = re.search(r'batches (gathered on device|streamed from the host)',
+                  run.output)
+  return [str(resident_mb), fed[1] if fed else '?', f'{run.seconds:.1f}',
+          ' / '.join(f'{g:.2f}' for g in run.peak_rss_gib),
+          sized[0][:120] if sized else '']
 
 
 def main(argv: Sequence[str]) -> None:
   del argv
-  rows_list = [int(r) for r in FLAGS.rows]
-  prepare_rows, train_rows, format_rows, input_rows = [], [], [], []
-  for rows in rows_list:
+  bad = (set(FLAGS.sections) - set(SECTIONS) or set(FLAGS.csv_runs)
+         - set(CSV_RUNS))
+  if bad:
+    raise app.UsageError(f'unknown {sorted(bad)}: sections are '
+                         f'{", ".join(SECTIONS)}, csv runs '
+                         f'{", ".join(CSV_RUNS)}')
+  print(bench_common.machine(), flush=True)
+  prepare_rows, train_rows, csv_rows = [], [], []
+  for rows in [int(r) for r in FLAGS.rows]:
     home = os.path.join(FLAGS.workroot, f'{rows}')
-    files = generate(os.path.join(home, 'files'), rows)
+    files = table(rows)
     data_dir = os.path.join(home, 'data')
     label = f'{rows / 1e6:g}M'
     if 'prepare' in FLAGS.sections:
       two = measure_prepare(files, data_dir, rows, 2)
       one = measure_prepare(files, data_dir, rows, 1)
-      prepare_rows.append([label, f'{one["seconds"]:.1f}',
-                           f'{one["rows_per_s_per_process"] / 1e6:.2f}',
-                           f'{one["rss_gib"]:.2f}', f'{two["seconds"]:.1f}',
-                           f'{two["rows_per_s_per_process"] / 1e6:.2f}',
+      prepare_rows.append([label, number(one['seconds']),
+                           number(one['rows_per_s_per_process'] / 1e6),
+                           f'{one["rss_gib"]:.2f}', number(two['seconds']),
+                           number(two['rows_per_s_per_process'] / 1e6),
                            f'{two["rss_gib"]:.2f}'])
       print(prepare_rows[-1], flush=True)
     if 'train' in FLAGS.sections:
@@ -310,19 +219,16 @@ def main(argv: Sequence[str]) -> None:
                          '', ' / '.join(f'{r:.2f}' for r in run['rss_gib']),
                          f'{run["rows_per_s"] / 1e3:.0f}k'])
       print(train_rows[-1], flush=True)
-    if 'formats' in FLAGS.sections:
-      if not os.path.exists(os.path.join(data_dir, 'csv_regression')):
-        measure_prepare(files, data_dir, rows, 1)
-      for name, rate in measure_formats(_prepared(data_dir)).items():
-        format_rows.append([label, name, f'{rate / 1e6:.1f}M'])
-        print(format_rows[-1], flush=True)
-    if 'input' in FLAGS.sections:
-      if not os.path.exists(os.path.join(data_dir, 'csv_regression')):
-        measure_prepare(files, data_dir, rows, 1)
-      for processes in (1, 2):
-        rate = measure_input(_prepared(data_dir), processes)
-        input_rows.append([label, str(processes), f'{rate / 1e6:.2f}M'])
-        print(input_rows[-1], flush=True)
+    if 'csv' in FLAGS.sections:
+      csv_dir = os.path.join(home, 'csv_data')
+      shutil.rmtree(csv_dir, ignore_errors=True)
+      # Streamed (each process reads its rows) cold, then prepared; then
+      # held in memory and cross-fitted, prepared.
+      runs = {'cold': 256, 'prepared': 256, 'resident': 4096}
+      for kind in FLAGS.csv_runs:
+        csv_rows.append([label, kind, *measure_csv(
+            files, csv_dir, os.path.join(home, f'csv_{kind}'), runs[kind])])
+        print(csv_rows[-1], flush=True)
   if prepare_rows:
     print('\nPreparing (seconds, M rows/s per process, peak RSS GiB):\n')
     print(markdown_table(['rows', '1 proc s', '1 proc Mrows/s', '1 proc RSS',
@@ -336,14 +242,11 @@ def main(argv: Sequence[str]) -> None:
                           'its peak RSS GiB per process',
                           'training: peak RSS GiB per process',
                           'rows/s consumed'], train_rows, text_columns=4))
-  if format_rows:
-    print('\nRandom blocks of 4096 rows, read from the page cache:\n')
-    print(markdown_table(['rows', 'format', 'rows/s'], format_rows,
-                         text_columns=2))
-  if input_rows:
-    print('\nThe streamed feed alone (all processes together):\n')
-    print(markdown_table(['rows', 'processes', 'rows/s delivered'],
-                         input_rows))
+  if csv_rows:
+    print('\nconfigs/csv.py, 50 steps, 2 processes x 1 device:\n')
+    print(markdown_table(['rows', 'run', 'resident_table_mb', 'batches',
+                          'wall, s', 'peak RSS per process, GiB', 'sized'],
+                         csv_rows, text_columns=2))
 
 
 if __name__ == '__main__':

@@ -3,61 +3,68 @@
 For each model size, the same MLP, batch, optimizer (Adam, constant learning
 rate) and number of steps run through:
 
-  meshfit        `loop.train_and_evaluate` itself: its input pipeline,
-                 loss watch, metrics, logging and checkpoint checks
+  meshfit        `train_and_evaluate` itself, on a Parquet table of the
+                 size's shape: its input pipeline, calls of many steps, loss
+                 checks, metrics, logging and checkpoints
   jit            a minimal hand-written `jax.jit` step over device-resident
                  batches: the zero-framework floor
   pmap           the JAX 101 tutorial's update: params replicated, the batch
                  split over devices, gradients `pmean`'d
   torch          PyTorch eager on CPU (optional: requirements-bench.txt)
 
-plus bfloat16-compute variants, meshfit with checkpoints by the clock, the
-input pipeline alone and, but for large (whose calls are single steps), a
-ladder from meshfit's bare jitted calls (1 step each, then as many as meshfit
-runs per call) to its whole loop. The norm section times the logged gradient
-norm of each size both ways `steps.global_norm` can compute it. The members
-section trains ensembles of --members models of --members_size (each on its
-own batch) through meshfit's jitted calls, against one model, and splits
-their step into its matmuls, Adam's update, the input pipeline and the rest;
-with several devices, each ensemble's members split over as many as divide
-them (a single model on one device).
-Time to the first step (cold, warm and without the persistent compilation
-cache) is measured in fresh processes.
+Sections (--sections):
+
+  main           the four above, and meshfit with one step per call
+                 (`steps_per_call=1`: what calls of many steps save)
+  precision      bfloat16 compute (`model.dtype`), meshfit, jit and torch
+  checkpoint     meshfit with a checkpoint every second against none, over
+                 `checkpoint_steps`; the checkpoints written are counted in
+                 the workdir
+  members        ensembles of --members models of --members_size, each on
+                 its own batch (`model.ensemble_size`, members split over
+                 the devices that divide them), against one model:
+                 steps/s, model-examples/s, and the host's share of a step
+  first_minute   `configs/csv.py` on a small table, train then predict, each
+                 a fresh `train.py` process: cold (no compilation cache, no
+                 prepared copy), warm (both kept) and as typed (warm, no
+                 `--verbose`); the phases read from its timestamped lines
+
+The host's share: meshfit's loop runs in one thread that makes each call's
+batches (row indices of the table on the devices), dispatches the jitted
+call, checks losses and logs; the devices run the call. `on_call` (a
+parameter of `train_and_evaluate`) is called in that thread after each
+dispatch, so the thread's CPU time between two calls is the host's work for
+a call, waiting excluded. host us/step is that over the steps, and host
+share its part of a step's wall time: near 100% the host is the bound and
+the devices wait for it. device us/step is the wall time of the same run
+with every call waited for (the devices never run ahead), less the host's.
 
 Every variant runs once per round and the rounds interleave them (the start
 rotates), so slow drifts in the load of other processes reach all of them.
-Bursts do not, so each variant is reported at its best round (its least
-disturbed one; the median is printed beside it) and every ratio is one of
-bests, like `timeit`'s minimum.
-Times are steady state: compilation and warm-up steps are excluded. meshfit
-runs the size's steps per round (so its window holds logs and checkpoints);
-the other variants run as many steps as take about --seconds.
+Each variant is reported at its best round (the median beside it), every
+ratio one of bests. Times are steady state: a meshfit run's window opens
+when its first call (which compiles) has finished and closes when its last
+one has; set-up, the final evaluation and checkpoint are outside it.
 
-    python benchmarks/speed.py                      # everything, ~10 minutes
+    python benchmarks/speed.py                      # everything, ~15 minutes
     python benchmarks/speed.py --sizes=small --repeats=2 --sections=main
+    python benchmarks/speed.py --sizes=small --sections=members --repeats=3
 
 It runs on the process's devices: one CPU device by default.
 `XLA_FLAGS=--xla_force_host_platform_device_count=N` splits the CPU into N
-virtual devices (meshfit, jit and pmap then run data-parallel over them).
-
-meshfit is run through its public seams: `train_and_evaluate` is handed
-in-memory random tables of each size's shape (`splits=`; there is no
-784-feature dataset) and an observer of its train calls (`on_call=`, which
-timestamps each call, waiting for the two that end the timed window: its
-first call, which compiles, is not timed). Nothing of meshfit is replaced.
+virtual devices (meshfit, jit and pmap then run over them).
 """
 
+import collections
 import contextlib
 import dataclasses
 import functools
-import itertools
 import json
 import math
 import os
-import platform
+import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,8 +76,8 @@ os.environ.setdefault('NO_GCE_CHECK', 'true')
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
 
-# meshfit's XLA flags, as train.py sets them; every variant of this process
-# runs under them (the jit and pmap loops too: compare like with like).
+# The XLA flags train.py starts with; every variant of this process runs
+# under them (the jit and pmap loops too: compare like with like).
 xla_flags.apply()
 
 from absl import app, flags, logging  # noqa: E402
@@ -80,52 +87,45 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
-from bench_common import markdown_table, mlp_loss  # noqa: E402
+import bench_common  # noqa: E402
+from bench_common import markdown_table, number  # noqa: E402
 from configs import default  # noqa: E402
-from input_pipeline import tables  # noqa: E402
-from input_pipeline.tables import Table  # noqa: E402
-from meshfit import config as config_lib
-from meshfit.data import feeding, splits as splits_lib
-from meshfit.model import optim, state as state_lib, steps
-from meshfit.parallel import in_flight, sharding
-from meshfit.train import call_plan, loop
-from meshfit.data.features import FeatureStats, InputLayout  # noqa: E402
-from meshfit.model.setup import make_setup  # noqa: E402
-from models import low_precision, mlp  # noqa: E402
+from meshfit.train.loop import train_and_evaluate  # noqa: E402
 
-SECTIONS = ('main', 'precision', 'checkpoint', 'pipeline', 'breakdown',
-            'norm', 'first_step', 'members')
+SECTIONS = ('main', 'precision', 'checkpoint', 'members', 'first_minute')
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list('sizes', ['tiny', 'small', 'medium', 'large'],
-                  'Model sizes to run.')
-flags.DEFINE_integer('steps', None, 'Timed steps of the meshfit runs per '
-                     'round (default: per size); also the most any other '
-                     'variant runs.')
-flags.DEFINE_float('seconds', 0.5, 'Rough time of each non-meshfit variant '
-                   'per round: its steps are calibrated to it once.')
+                  'Model sizes of the main, precision and checkpoint '
+                  'sections.')
+flags.DEFINE_integer('steps', None, 'Timed steps of each meshfit run '
+                     '(default: per size; members: as many as take about '
+                     '--seconds); also the most any other variant runs.')
+flags.DEFINE_float('seconds', 0.5, 'Rough time of each calibrated run per '
+                   'round: its steps are calibrated to it once.')
 flags.DEFINE_integer('repeats', 4, 'Rounds; each runs every variant once.')
 flags.DEFINE_list('sections', list(SECTIONS),
                   f'Any of {", ".join(SECTIONS)}.')
-flags.DEFINE_string('first_step_size', 'small',
-                    'Model size of the time-to-first-step section.')
 flags.DEFINE_list('members', ['1', '8', '32', '128'],
                   'Ensemble sizes of the members section.')
 flags.DEFINE_string('members_size', 'small',
                     'Model size of the members section.')
 flags.DEFINE_integer('torch_threads', 0, 'torch.set_num_threads for the '
-                     'PyTorch rows; 0 keeps its default (one per core). Its '
-                     'OpenMP threads spin at barriers and slow down badly '
-                     'when other processes take cores.')
+                     'PyTorch rows; 0 keeps its default (one per core).')
+_TABLE = os.path.join(bench_common.DATASETS, 'tables', 'babies', '0')
+flags.DEFINE_string('train', os.path.join(_TABLE, 'train.csv'),
+                    'first_minute: the training file.')
+flags.DEFINE_string('test', os.path.join(_TABLE, 'test.csv'),
+                    'first_minute: the eval file (and predict input).')
+flags.DEFINE_string('target', 'bwt', 'first_minute: the column to predict.')
 flags.DEFINE_string('json', None, 'Also write every measurement here.')
-flags.DEFINE_string('first_step_child', None, 'Internal: run one timed '
-                    'start-up in this process (JSON: size, cache_dir).')
+flags.DEFINE_integer('matmul_n', 2048, 'Side of the square matmul whose '
+                     'best rate is the peak that "of peak" divides by.')
 
 LEARNING_RATE = 1e-3
-# Distinct batches cycled through by the loops over in-memory arrays; the
-# meshfit tables hold this many batches' worth of rows.
+# Distinct batches in each table (the loops over in-memory arrays cycle
+# through as many).
 NUM_BATCHES = 8
-MATMUL_N = 2048  # square matmul of the peak measurement
 # The checkpoint section's period: short enough for several saves in its
 # window, so that the cost of one save can be read off in the steady state.
 CHECKPOINT_SECONDS = 1.0
@@ -140,13 +140,10 @@ class Size:
   num_targets: int
   batch_size: int
   default_steps: int
-  # Steps of the checkpoint comparison: ~10 s, so that it measures the
+  # Steps of the checkpoint comparison: long enough that it measures the
   # steady cost of checkpoints every CHECKPOINT_SECONDS (several of them)
   # rather than one save's latency.
   checkpoint_steps: int
-  # The ladder: meshfit's jitted calls alone (its program's cost apart from
-  # its loop's). Large calls are single steps, already the meshfit row.
-  breakdown: bool = True
 
   @property
   def layer_sizes(self) -> tuple[int, ...]:
@@ -154,16 +151,22 @@ class Size:
 
   @property
   def num_params(self) -> int:
-    return mlp.num_params(self.layer_sizes)
+    return sum((a + 1) * b for a, b in zip(self.layer_sizes[:-1],
+                                           self.layer_sizes[1:]))
 
   @property
   def flops_per_step(self) -> float:
     # Forward 2 flops per weight and example, backward 4.
     return 6.0 * self.num_params * self.batch_size
 
+  @property
+  def target_names(self) -> tuple[str, ...]:
+    return (('y',) if self.num_targets == 1 else
+            tuple(f'y{i}' for i in range(self.num_targets)))
+
 
 # Default steps: windows of ~0.3 s or more; a best of a few shorter ones
-# (1,000 tiny steps take ~10 ms) rewards whichever variant got lucky.
+# rewards whichever variant got lucky.
 SIZES = {s.name: s for s in (
     Size('tiny', 1, (), 1, 128, default_steps=20_000,
          checkpoint_steps=600_000),
@@ -172,38 +175,36 @@ SIZES = {s.name: s for s in (
     Size('medium', 10, (512, 512), 1, 1024, default_steps=100,
          checkpoint_steps=1_000),
     Size('large', 784, (2048,) * 3, 10, 2048, default_steps=3,
-         checkpoint_steps=15, breakdown=False),
+         checkpoint_steps=15),
 )}
 
 
 @dataclasses.dataclass(frozen=True)
 class Data:
-  """A random regression table of `size`'s shape, on the host."""
+  """A random regression table of a size's shape: Parquet files for
+  meshfit, the same rows in memory for the other loops."""
   x_NxF: np.ndarray
   y_NxT: np.ndarray
+  train_path: str
+  eval_path: str
 
   def batches(self, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(self.x_NxF[i:i + batch_size], self.y_NxT[i:i + batch_size])
             for i in range(0, self.x_NxF.shape[0], batch_size)]
 
-  def splits(self, eval_rows: int) -> splits_lib.Splits:
-    f, t = self.x_NxF.shape[1], self.y_NxT.shape[1]
 
-    def table(rows: slice) -> Table:
-      return Table(self.x_NxF[rows], self.y_NxT[rows],
-                   tables.generated_plan(f, t))
-    return splits_lib.Splits(train=table(slice(None)),
-                       eval=table(slice(0, eval_rows)))
-
-
-def make_data(size: Size, seed: int = 0) -> Data:
-  rng = np.random.default_rng(seed)
-  n = NUM_BATCHES * size.batch_size
-  x_NxF = rng.standard_normal((n, size.num_features), np.float32)
-  w_FxT = rng.standard_normal((size.num_features, size.num_targets))
-  y_NxT = np.tanh(x_NxF @ w_FxT) + 0.1 * rng.standard_normal(
-      (n, size.num_targets))
-  return Data(x_NxF, y_NxT.astype(np.float32))
+def make_data(size: Size, workroot: str) -> Data:
+  """NUM_BATCHES batches of `size` in one Parquet file (and an evaluation
+  file of one batch), and the same rows in memory."""
+  import pyarrow.parquet as pq  # noqa: PLC0415
+  train, eval_path = bench_common.write_table(
+      os.path.join(workroot, f'table_{size.name}'),
+      NUM_BATCHES * size.batch_size, size.num_features, size.num_targets,
+      eval_rows=size.batch_size)
+  table = pq.read_table(train).to_pandas()
+  return Data(table[[f'x{i}' for i in range(size.num_features)]].to_numpy(
+      np.float32), table[list(size.target_names)].to_numpy(np.float32),
+              train, eval_path)
 
 
 # ---------------------------------------------------------------------------
@@ -214,157 +215,134 @@ def make_data(size: Size, seed: int = 0) -> Data:
 class Variant:
   """A way to train; `run(n)` times n steps after set-up and warm-up."""
   name: str
-  dtype: str = 'float32'
-  # Runs exactly the size's steps (a window that holds logs and checkpoints)
+  # Runs exactly its steps (a window that holds logs and checkpoints)
   # rather than a number calibrated to --seconds.
-  fixed_steps: bool = False
-  # Calibrated steps may exceed the size's steps this many times.
-  max_steps_factor: int = 1
+  fixed_steps: int | None = None
 
   def run(self, num_steps: int) -> float:
     raise NotImplementedError
 
-  def close(self) -> None:
-    pass
 
+class CallClock:
+  """An `on_call` observer: the wall, loop-thread CPU and process CPU time
+  after each train call of a run.
 
-class _Bounded:
-  """meshfit's bound on dispatched work (`in_flight`), where XLA:CPU's
-  collectives need it (several devices), or `always`."""
-
-  def __init__(self, always: bool = False):
-    self._pending = (in_flight.InFlight()
-                     if always or jax.device_count() > 1 else None)
-
-  def add(self, output: Any) -> None:
-    if self._pending is not None:
-      self._pending.add(output)
-      for done in self._pending.excess():
-        jax.block_until_ready(done)
-
-  def drain(self) -> None:
-    if self._pending is not None:
-      for done in self._pending.drain():
-        jax.block_until_ready(done)
-
-
-def _steps_per_call(config, size: Size, members: int = 1) -> int:
-  """meshfit's call length for `members` models of `size` (one process:
-  checkpoints written in the background end no call)."""
-  return call_plan.choose_steps_per_call(
-      config.steps_per_call, size.flops_per_step * members,
-      jax.devices()[0].platform,
-      (config.log_every_steps, config.eval_every_steps))
-
-
-def _first_call(config, size: Size) -> int:
-  """The steps of meshfit's first call under `config` (one process: the
-  first due checkpoint ends it, as the saver is idle then)."""
-  return next(call_plan.plan_calls(
-      0, config.num_train_steps, _steps_per_call(config, size),
-      periods=(config.log_every_steps, config.eval_every_steps,
-               config.checkpoint_every_steps)))
-
-
-def _meshfit_config(size: Size, *, dtype: str, num_train_steps: int | None,
-                    checkpoint_every_seconds: float | None, cache_dir: str):
-  config = default.get_config()
-  config.model.hidden_sizes = size.hidden_sizes
-  config.model.dtype = dtype
-  config.optimizer.name = 'adam'
-  config.optimizer.schedule = 'constant'
-  config.optimizer.learning_rate = LEARNING_RATE
-  config.batch_size = size.batch_size
-  config.eval_batch_size = size.batch_size
-  # One evaluation, after the last step; checkpoints by the clock as asked,
-  # else the defaults (none by step count, one every
-  # checkpoint_every_seconds, longer than any window here), and the final
-  # one after the timed window.
-  big = 10**9  # no event before the run's end (None: decided by the caller)
-  config.num_train_steps = num_train_steps or big
-  config.eval_every_steps = num_train_steps or big
-  if checkpoint_every_seconds is not None:
-    config.checkpoint_every_seconds = checkpoint_every_seconds
-  config.compilation_cache_dir = cache_dir
-  return config
-
-
-class _StopTraining(Exception):
-  """Raised by the call observer to end a start-up measurement early."""
-
-
-def call_timer(step_times: list[float], wait_at: Sequence[int] = (),
-               stop_after: int | None = None) -> loop.CallObserver:
-  """An observer of meshfit's train calls that timestamps each one.
-
-  Args:
-    step_times: gets one `time.perf_counter()` per call (of up to
-      `steps_per_call` steps).
-    wait_at: steps (of a fresh run) at which a call's results are waited
-      for before its timestamp: the ends of a timed window. Other calls are
-      timestamped as they are dispatched (the loop itself keeps them within
-      two calls of done).
-    stop_after: raise `_StopTraining` after this many calls.
+  The first call (which compiles) and the last are waited for before they
+  are timed, so that the window between them holds whole calls; with
+  `wait_every`, every call is (the devices then never run ahead of the
+  host).
   """
-  def observe(step: int, losses: jax.Array) -> None:
-    if step in wait_at:
+
+  def __init__(self, last_step: int, wait_every: bool = False):
+    self.last_step, self.wait_every = last_step, wait_every
+    self.marks: list[tuple[int, float, float, float]] = []
+
+  def __call__(self, step: int, losses: jax.Array) -> None:
+    if self.wait_every or not self.marks or step == self.last_step:
       jax.block_until_ready(losses)
-    step_times.append(time.perf_counter())
-    if stop_after is not None and len(step_times) >= stop_after:
-      raise _StopTraining
-  return observe
+    self.marks.append((step, time.perf_counter(), time.thread_time(),
+                       time.process_time()))
+
+  def window(self) -> dict[str, float]:
+    """Steps, wall seconds, loop-thread CPU seconds and process CPU seconds
+    from the first call's end to the last's."""
+    (s0, w0, t0, p0), (s1, w1, t1, p1) = self.marks[0], self.marks[-1]
+    return {'steps': s1 - s0, 'seconds': w1 - w0, 'host_seconds': t1 - t0,
+            'cpu_seconds': p1 - p0}
 
 
 class Meshfit(Variant):
-  """`loop.train_and_evaluate` in a fresh workdir per run."""
+  """`train_and_evaluate` in a fresh workdir per run, on `data`'s files.
 
-  def __init__(self, size: Size, data: Data, workroot: str, cache_dir: str,
-               dtype: str = 'float32',
+  The prepared copy of the table and the compilation cache are kept in
+  `workroot` for every run after the first (set-up is not timed).
+  """
+
+  def __init__(self, size: Size, data: Data, workroot: str, *,
+               dtype: str = 'float32', members: int = 1,
+               steps_per_call: int = 0,
                checkpoint_every_seconds: float | None = None,
-               steps: int | None = None):
+               steps: int | None = None, wait_every: bool = False):
     self.name = 'meshfit'
     if dtype != 'float32':
       self.name += f' {dtype}'
+    if members > 1:
+      self.name += f', {members} members'
+    if steps_per_call:
+      self.name += (f', {steps_per_call} step'
+                    f'{"s" if steps_per_call > 1 else ""} per call')
     if checkpoint_every_seconds is not None:
-      self.name += (f' ckpt every {checkpoint_every_seconds:g} s'
-                    if checkpoint_every_seconds else ' no ckpt')
+      self.name += (f', ckpt every {checkpoint_every_seconds:g} s'
+                    if checkpoint_every_seconds else ', no ckpt')
     if steps:
       self.name += f', {steps:,} steps'
-    self.dtype = dtype
-    self.fixed_steps = True
-    self.steps = steps  # None: the round's number
-    self._size, self._workroot, self._cache_dir = size, workroot, cache_dir
-    self._checkpoint_every_seconds = checkpoint_every_seconds
-    # Checkpoints written inside each run's timed window (by the clock).
+    if wait_every:
+      self.name += ', every call waited for'
+    self.fixed_steps = steps
+    self._workroot = workroot
+    self._checkpointing = bool(checkpoint_every_seconds)
+    self._wait_every = wait_every
+    self.config = default.get_config()
+    c = self.config
+    c.dataset.name = 'csv_regression'
+    c.dataset.train_path, c.dataset.eval_path = data.train_path, data.eval_path
+    c.dataset.target_columns = size.target_names
+    c.dataset.data_dir = os.path.join(workroot, 'data')
+    c.model.hidden_sizes = size.hidden_sizes
+    c.model.dtype = dtype
+    c.model.ensemble_size = members
+    # Members split over as many devices as divide them; the rest of the
+    # devices split each batch.
+    c.mesh.members = math.gcd(members, jax.device_count())
+    c.optimizer.name = 'adam'
+    c.optimizer.schedule = 'constant'
+    c.optimizer.learning_rate = LEARNING_RATE
+    c.batch_size = size.batch_size
+    c.eval_batch_size = size.batch_size
+    c.steps_per_call = steps_per_call
+    c.plots = False
+    c.compilation_cache_dir = os.path.join(workroot, 'jax_cache')
+    if checkpoint_every_seconds is not None:
+      c.checkpoint_every_seconds = checkpoint_every_seconds
+    # Count every checkpoint of the window afterwards.
+    c.max_checkpoints_to_keep = 10**6
+    # Checkpoints written inside each run's window (by the clock).
     self.checkpoints: list[int] = []
-    self._splits = data.splits(eval_rows=size.batch_size)
+    # The window of each run (CallClock.window).
+    self.windows: list[dict[str, float]] = []
+    # The first call's steps (a run's window opens after it), once a run
+    # has shown it.
+    self._first = 0
 
-  def run(self, num_steps: int) -> float:
-    # The first call (compilation, prefetch fill) is not timed.
-    config = _meshfit_config(
-        self._size, dtype=self.dtype, num_train_steps=None,
-        checkpoint_every_seconds=self._checkpoint_every_seconds,
-        cache_dir=self._cache_dir)
-    first = _first_call(config, self._size)
-    config.num_train_steps = first + num_steps
+  def _train(self, num_steps: int) -> tuple[int, dict[str, float]]:
+    """A run of `self._first` steps and `num_steps` more: its first call's
+    steps and the window after that call."""
+    config = self.config.copy_and_resolve_references()
+    config.num_train_steps = self._first + num_steps
+    # One evaluation, after the last step.
     config.eval_every_steps = config.num_train_steps
-    config.max_checkpoints_to_keep = 10**6  # count them all afterwards
+    clock = CallClock(config.num_train_steps, self._wait_every)
     workdir = tempfile.mkdtemp(dir=self._workroot)
-    times = []
     try:
-      # From the first call done to the last call done: num_steps steps.
-      loop.train_and_evaluate(
-          config, workdir, splits=self._splits,
-          on_call=call_timer(times, wait_at=(first, config.num_train_steps)))
-      if self._checkpoint_every_seconds:
-        # Checkpoints inside the window (not the final one): every one the
-        # clock asked for is written.
-        self.checkpoints.append(len({
-            int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints'))
-            if d.isdigit() and first < int(d) < config.num_train_steps}))
+      train_and_evaluate(config, workdir, on_call=clock)
+      first = clock.marks[0][0]
+      if self._checkpointing:
+        # Checkpoints inside the window (not the final one).
+        self.checkpoints.append(len([
+            d for d in os.listdir(os.path.join(workdir, 'checkpoints'))
+            if d.isdigit() and first < int(d) < config.num_train_steps]))
     finally:
       shutil.rmtree(workdir, ignore_errors=True)
-    return times[-1] - times[0]
+    return first, clock.window()
+
+  def run(self, num_steps: int) -> float:
+    # At least a second call as long as the first, so that the window holds
+    # one: a run of fewer steps than a call is run again, longer.
+    window = {'steps': 0}
+    while not window['steps']:
+      self._first, window = self._train(max(num_steps, self._first))
+    self.windows.append(window)
+    return window['seconds'] * num_steps / window['steps']
 
 
 def _init_mlp(size: Size, seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
@@ -375,20 +353,21 @@ def _init_mlp(size: Size, seed: int = 0) -> list[tuple[jax.Array, jax.Array]]:
                              size.layer_sizes[1:])]
 
 
-def _matmul(dtype: jnp.dtype, low_precision_grads: bool):
-  """A dense layer's `x @ w` in `dtype`, accumulated in float32; with
-  `low_precision_grads`, models/low_precision.py's (its backward dots in `dtype` too,
-  the weight gradient's in the form XLA:CPU keeps bfloat16)."""
-  if low_precision_grads:
-    return functools.partial(low_precision.low_precision_matmul, dtype=dtype)
-  return lambda h, w: jax.lax.dot(h.astype(dtype), w.astype(dtype),
-                                  preferred_element_type=jnp.float32)
+def mlp_loss(params: Sequence[tuple[jax.Array, jax.Array]], x_BxF: jax.Array,
+             y_BxT: jax.Array, dtype: jnp.dtype) -> jax.Array:
+  """The benchmark MLP: dense layers multiplying in `dtype` (accumulating in
+  float32) with ReLU between them, then the mean squared error."""
+  h = x_BxF
+  for i, (w, b) in enumerate(params):
+    h = jax.lax.dot(h.astype(dtype), w.astype(dtype),
+                    preferred_element_type=jnp.float32) + b
+    if i < len(params) - 1:
+      h = jax.nn.relu(h)
+  return jnp.mean((h - y_BxT)**2)
 
 
-def _adam_update(params, opt_state, x_BxF, y_BxT, *, dtype, tx, axis=None,
-                 low_precision_grads=False):
-  loss, grads = jax.value_and_grad(mlp_loss)(
-      params, x_BxF, y_BxT, _matmul(dtype, low_precision_grads))
+def _adam_update(params, opt_state, x_BxF, y_BxT, *, dtype, tx, axis=None):
+  loss, grads = jax.value_and_grad(mlp_loss)(params, x_BxF, y_BxT, dtype)
   if axis is not None:
     loss, grads = jax.lax.pmean((loss, grads), axis)
   updates, opt_state = tx.update(grads, opt_state, params)
@@ -399,13 +378,17 @@ class _UpdateLoop(Variant):
   """Steps a jitted or pmapped update over pre-placed batches."""
 
   def run(self, num_steps: int) -> float:
-    bounded = _Bounded()
+    # XLA:CPU's collectives need the work in flight bounded (several
+    # devices): each step waits for the one two before it.
+    pending = collections.deque()
     start = time.perf_counter()
     for i in range(num_steps):
       x, y = self._batches[i % len(self._batches)]
       self._params, self._opt_state, loss = self._step(
           self._params, self._opt_state, x, y)
-      bounded.add(loss)
+      pending.append(loss)
+      if len(pending) > 2:
+        jax.block_until_ready(pending.popleft())
     jax.block_until_ready((self._params, loss))
     return time.perf_counter() - start
 
@@ -413,12 +396,8 @@ class _UpdateLoop(Variant):
 class MinimalJit(_UpdateLoop):
   """The floor: one jitted, donating step over device-resident batches."""
 
-  def __init__(self, size: Size, data: Data, dtype: str = 'float32',
-               low_precision_grads: bool = False):
+  def __init__(self, size: Size, data: Data, dtype: str = 'float32'):
     self.name = 'jit' if dtype == 'float32' else f'jit {dtype}'
-    if low_precision_grads:
-      self.name = f'proto: {self.name}, {dtype} backward dots'
-    self.dtype = dtype
     mesh = jax.make_mesh((jax.device_count(),), ('data',),
                          axis_types=(jax.sharding.AxisType.Auto,))
     replicated = NamedSharding(mesh, P())
@@ -429,10 +408,8 @@ class MinimalJit(_UpdateLoop):
     self._batches = [jax.device_put(b, split)
                      for b in data.batches(size.batch_size)]
     self._step = jax.jit(functools.partial(
-        _adam_update, dtype=jnp.dtype(dtype), tx=tx,
-        low_precision_grads=low_precision_grads), donate_argnums=(0, 1))
+        _adam_update, dtype=jnp.dtype(dtype), tx=tx), donate_argnums=(0, 1))
     self.run(2)
-
 
 
 class Pmap(_UpdateLoop):
@@ -457,6 +434,7 @@ class Pmap(_UpdateLoop):
         axis_name='batch', donate_argnums=(0, 1))
     self.run(2)
 
+
 class Torch(Variant):
   """PyTorch eager on CPU: nn.Sequential, Adam, MSE; bf16 via autocast.
 
@@ -469,9 +447,7 @@ class Torch(Variant):
     self.name = 'torch' if dtype == 'float32' else f'torch {dtype} autocast'
     if threads:
       self.name += f', {threads} thread{"s" if threads > 1 else ""}'
-    self.dtype = dtype
-    self._threads = threads
-    self._torch = torch
+    self.dtype, self._threads, self._torch = dtype, threads, torch
     torch.manual_seed(0)
     layers = []
     sizes = size.layer_sizes
@@ -491,264 +467,26 @@ class Torch(Variant):
     threads = torch.get_num_threads()
     torch.set_num_threads(self._threads or threads)
     try:
-      return self._run(num_steps)
+      autocast = (torch.autocast('cpu', dtype=torch.bfloat16)
+                  if self.dtype == 'bfloat16' else contextlib.nullcontext())
+      start = time.perf_counter()
+      for i in range(num_steps):
+        x, y = self._batches[i % len(self._batches)]
+        self._opt.zero_grad(set_to_none=True)
+        with autocast:
+          pred = self._model(x)
+        loss = torch.nn.functional.mse_loss(pred.float(), y)
+        loss.backward()
+        self._opt.step()
+      loss.item()
+      return time.perf_counter() - start
     finally:
       torch.set_num_threads(threads)
-
-  def _run(self, num_steps: int) -> float:
-    torch = self._torch
-    autocast = (torch.autocast('cpu', dtype=torch.bfloat16)
-                if self.dtype == 'bfloat16' else contextlib.nullcontext())
-    start = time.perf_counter()
-    for i in range(num_steps):
-      x, y = self._batches[i % len(self._batches)]
-      self._opt.zero_grad(set_to_none=True)
-      with autocast:
-        pred = self._model(x)
-      loss = torch.nn.functional.mse_loss(pred.float(), y)
-      loss.backward()
-      self._opt.step()
-    loss.item()
-    return time.perf_counter() - start
-
-
-def _member_devices(members: int) -> list[jax.Device]:
-  """The devices an ensemble of `members` trains on in the members section:
-  one per member group, as many as divide it (one for a single model, which
-  data parallelism over CPU devices slows down with an all-reduce a step)."""
-  return jax.devices()[:math.gcd(members, jax.device_count())]
-
-
-class _MeshfitParts:
-  """meshfit's set-up, state and input pipeline, without its loop, as
-  `loop.train_and_evaluate` makes them for an ensemble of `members`.
-
-  On every device with batches split over them (the default mesh), or with
-  `devices`, on those with the members split over them (`mesh.members`).
-  """
-
-  def __init__(self, size: Size, data: Data, members: int = 1,
-               optimizer: str = 'adam',
-               devices: Sequence[jax.Device] | None = None):
-    config = _meshfit_config(size, dtype='float32', num_train_steps=None,
-                             checkpoint_every_seconds=None, cache_dir='')
-    config.model.ensemble_size = members
-    config.optimizer.name = optimizer
-    mesh = None
-    if devices is not None:
-      config.mesh.members, config.mesh.data = len(devices), 1
-      mesh = sharding.make_mesh(1, 1, devices, members=len(devices))
-    self.config = config_lib.parse(config)
-    self.data, self.size, self.members = data, size, members
-    self.layout = InputLayout.numbers(size.num_features)
-    self.setup = make_setup(self.config, self.layout,
-                                    size.num_targets, mesh)
-    self.stats = FeatureStats.fit(self.layout, data.x_NxF, data.y_NxT)
-    self.state = state_lib.create_train_state(
-        self.setup.arch, self.setup.tx, self.setup.mesh, self.config.seed,
-        self.stats, optim.Hyperparameters.of(self.config))
-    self.table_ = data.splits(0).train
-    self.resident = feeding.fits_on_device(
-        self.table_, self.config.dataset.resident_table_mb)
-
-  def feed(self, steps_per_call: int) -> feeding.TrainFeed:
-    """The training loop's feed (`chunks(itertools.repeat(k))` draws calls
-    of k steps)."""
-    return feeding.TrainFeed(
-        self.table_, batch_size=self.size.batch_size,
-        seed=self.config.seed, mesh=self.setup.mesh,
-        steps_per_call=steps_per_call, resident=self.resident,
-        prefetch=self.config.dataset.prefetch_batches, members=self.members)
-
-  def table(self, feed: feeding.TrainFeed) -> dict[str, jax.Array]:
-    if not self.resident:
-      return {}
-    return steps.jit_encode(self.setup.mesh, self.layout)(
-        self.stats, feed.device_table())
-
-
-class Pipeline(Variant):
-  """meshfit's input pipeline alone: the batches of each call on device.
-
-  The TrainFeed's chunks plus what the jitted call does with them before
-  the model sees a batch (gathering the rows of the resident table, or
-  encoding streamed rows), for every batch of the call; nothing trained.
-  """
-
-  def __init__(self, size: Size, data: Data, members: int = 1,
-               devices: Sequence[jax.Device] | None = None):
-    self.name = 'input pipeline alone'
-    if members > 1:
-      self.name += f', {members} members'
-    self.max_steps_factor = 100  # a batch costs far less than a step
-    self._parts = _MeshfitParts(size, data, members, devices=devices)
-    self._k = _steps_per_call(self._parts.config, size, members)
-    chunk_sharding = sharding.chunk_sharding(self._parts.setup.mesh)
-    layout = self._parts.layout
-
-    def batches(stats, table_z, chunk):
-      if 'idx' in chunk:  # K x M x B rows of the table
-        out = {name: a[chunk['idx']] for name, a in table_z.items()}
-      else:  # each of the K x M batches as train_call encodes it
-        x, y = chunk['x'], chunk['y']
-        flat = steps.encode(stats, layout,
-                            {'x': x.reshape(-1, x.shape[-1]),
-                             'y': y.reshape(-1, y.shape[-1])})
-        out = {name: a.reshape(x.shape[:3] + a.shape[1:])
-               for name, a in flat.items()}
-      return jax.lax.with_sharding_constraint(out, chunk_sharding)
-    # Placed as train_call places a chunk (see steps.jit_train_call).
-    self._batches = jax.jit(batches, in_shardings=(None, None,
-                                                   chunk_sharding))
-
-  def run(self, num_steps: int) -> float:
-    parts = self._parts
-    feed = parts.feed(self._k)
-    try:
-      chunks = feed.chunks(itertools.repeat(self._k))
-      table_z = parts.table(feed)
-      stats = parts.stats
-      _, chunk = next(chunks)
-      jax.block_until_ready(self._batches(stats, table_z, chunk))
-      calls = -(-num_steps // self._k)
-      bounded = _Bounded(always=True)
-      start = time.perf_counter()
-      for _ in range(calls):
-        _, chunk = next(chunks)
-        bounded.add(self._batches(stats, table_z, chunk))
-      bounded.drain()
-      return (time.perf_counter() - start) * num_steps / (calls * self._k)
-    finally:
-      feed.close()
-
-
-class MeshfitCalls(Variant):
-  """meshfit's jitted train calls and TrainFeed, without the rest of its
-  loop (no loss checks, logging, evaluation or checkpoints).
-
-  With `members`, one ensemble of that many models of `size`, each on its
-  own batch of size.batch_size, as `model.ensemble_size` trains them.
-  """
-
-  def __init__(self, size: Size, data: Data, steps_per_call: int,
-               members: int = 1, optimizer: str = 'adam',
-               devices: Sequence[jax.Device] | None = None):
-    parts = _MeshfitParts(size, data, members, optimizer, devices)
-    self.name = f'mf: train calls of {steps_per_call} step' + (
-        's' if steps_per_call > 1 else '')
-    if members > 1 or optimizer != 'adam':
-      self.name += f', {members} member' + ('s' if members > 1 else '')
-    if optimizer != 'adam':
-      self.name += f', {optimizer}'
-    self.members, self.steps_per_call = members, steps_per_call
-    # (seconds per step, process CPU seconds / wall seconds) of each run:
-    # more than 1 core busy shows XLA running the step on several threads.
-    self.runs: list[tuple[float, float]] = []
-    self._parts, self._k = parts, steps_per_call
-    self._step = steps.jit_train_call(
-        parts.setup.graphdef, parts.layout, parts.setup.member_tx,
-        parts.setup.shardings, parts.setup.mesh,
-        parts.config.log_every_steps, parts.setup.dropout)
-    self._state = parts.state
-    self.run(2 * steps_per_call)
-
-  def run(self, num_steps: int) -> float:
-    feed = self._parts.feed(self._k)
-    try:
-      chunks = feed.chunks(itertools.repeat(self._k))
-      table_z = self._parts.table(feed)
-      calls = -(-num_steps // self._k)
-      bounded = _Bounded(always=True)
-      jax.block_until_ready(table_z)  # its upload is set-up, not training
-      cpu = time.process_time()
-      start = time.perf_counter()
-      for _ in range(calls):
-        n, chunk = next(chunks)
-        self._state, losses, _ = self._step(self._state, table_z, chunk,
-                                            np.int32(n))
-        bounded.add(losses)
-      bounded.drain()
-      jax.block_until_ready(self._state)
-      wall = time.perf_counter() - start
-      self.runs.append((wall / (calls * self._k),
-                        (time.process_time() - cpu) / wall))
-      # Per step: the last call may run a few more than asked.
-      return wall * num_steps / (calls * self._k)
-    finally:
-      feed.close()
-
-
-class MemberMatmuls(Variant):
-  """The matmuls of an ensemble's steps and nothing else, as its vmapped
-  step has them.
-
-  Each layer's forward dot and, through `jax.vjp` of the layers without
-  biases or activations, its weight and input gradients, batched over a
-  leading member dimension; calls of `steps_per_call` steps in a
-  `fori_loop` like meshfit's, each step's weights moved by a tiny multiple
-  of its gradients so that no step can be hoisted out of the loop.
-  """
-
-  def __init__(self, size: Size, data: Data, steps_per_call: int,
-               members: int, devices: Sequence[jax.Device]):
-    self.name = f'matmuls alone, {members} member' + (
-        's' if members > 1 else '')
-    self.max_steps_factor = 10  # a step's matmuls cost less than the step
-    self._k = steps_per_call
-    # The members split over `devices`, as meshfit's mesh.members does.
-    mesh = jax.sharding.Mesh(np.array(devices), ('members',))
-    per_member = NamedSharding(mesh, P('members'))
-    batches = NamedSharding(mesh, P(None, 'members'))
-
-    def stacked(a_NxC):  # NUM_BATCHES x M x B x C, every member alike
-      a = a_NxC.reshape(NUM_BATCHES, size.batch_size, -1)
-      return jax.device_put(np.repeat(a[:, None], members, axis=1), batches)
-    self._x, self._y = stacked(data.x_NxF), stacked(data.y_NxT)
-    self._weights = jax.device_put(
-        [np.repeat(np.asarray(w)[None], members, axis=0)
-         for w, _ in _init_mlp(size)], per_member)
-
-    def member(weights, x_BxF, g_BxT):
-      def forward(weights):
-        h = x_BxF
-        for w in weights:
-          h = h @ w
-        return h
-      return jax.vjp(forward, weights)[1](g_BxT)[0]
-
-    def call(weights, x, y):
-      def body(i, weights):
-        grads = jax.vmap(member)(weights, x[i % NUM_BATCHES],
-                                 y[i % NUM_BATCHES])
-        return [w - 1e-9 * g for w, g in zip(weights, grads)]
-      return jax.lax.fori_loop(0, steps_per_call, body, weights)
-    self._call = jax.jit(call, donate_argnums=0)
-    self.run(steps_per_call)
-
-  @staticmethod
-  def flops_per_member_step(size: Size) -> float:
-    """Multiply-adds x 2 of a step: every layer's forward and weight
-    gradient dots, and the input gradient of all but the first."""
-    dims = list(zip(size.layer_sizes[:-1], size.layer_sizes[1:]))
-    macs = 2 * sum(a * b for a, b in dims) + sum(a * b for a, b in dims[1:])
-    return 2.0 * macs * size.batch_size
-
-  def run(self, num_steps: int) -> float:
-    calls = -(-num_steps // self._k)
-    start = time.perf_counter()
-    for _ in range(calls):
-      self._weights = self._call(self._weights, self._x, self._y)
-    jax.block_until_ready(self._weights)
-    return (time.perf_counter() - start) * num_steps / (calls * self._k)
-
-
-# ---------------------------------------------------------------------------
-# Matmul peak.
 
 
 def _matmul_peaks(have_torch: bool) -> dict[str, float]:
   """GFLOP/s of one square matmul, best of five, per library and dtype."""
-  n = MATMUL_N
+  n = FLAGS.matmul_n
   flops = 2.0 * n**3
   rng = np.random.default_rng(0)
   a_np = rng.standard_normal((n, n), np.float32)
@@ -781,251 +519,7 @@ def _matmul_peaks(have_torch: bool) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------
-# Time to the first step, each in a fresh process.
-
-
-def _first_step_child(spec: dict[str, str]) -> None:
-  """One start-up: train_and_evaluate until its first step has finished."""
-  entered = time.perf_counter()
-  size = SIZES[spec['size']]
-  splits = make_data(size).splits(eval_rows=size.batch_size)
-  config = _meshfit_config(size, dtype='float32', num_train_steps=10,
-                           checkpoint_every_seconds=None,
-                           cache_dir=spec['cache_dir'])
-  workdir = tempfile.mkdtemp()
-  times = []
-  try:
-    loop.train_and_evaluate(
-        config, workdir, splits=splits,
-        on_call=call_timer(times, wait_at=(_first_call(config, size),),
-                           stop_after=1))
-  except _StopTraining:
-    pass
-  finally:
-    shutil.rmtree(workdir, ignore_errors=True)
-  print(json.dumps({'in_process_s': times[0] - entered,
-                    'first_step_unix': time.time() - (time.perf_counter()
-                                                      - times[0])}))
-
-
-def _time_first_step(size: str, cache_dir: str) -> dict[str, float]:
-  launched = time.time()
-  result = subprocess.run(
-      [sys.executable, os.path.abspath(__file__),
-       f'--first_step_child={json.dumps({"size": size, "cache_dir": cache_dir})}'],
-      capture_output=True, text=True, check=False)
-  if result.returncode:
-    raise RuntimeError(f'first-step child failed:\n{result.stderr[-3000:]}')
-  child = json.loads(result.stdout.strip().splitlines()[-1])
-  return {'in_process_s': child['in_process_s'],
-          'process_s': child['first_step_unix'] - launched}
-
-
-def first_step_section(size: str, repeats: int, workroot: str) -> dict:
-  """Cache off, cold (empty) and warm (the same dir again), interleaved."""
-  results = {'off': [], 'cold': [], 'warm': []}
-  for r in range(repeats):
-    cache_dir = os.path.join(workroot, f'first_step_cache_{r}')
-    results['off'].append(_time_first_step(size, ''))
-    results['cold'].append(_time_first_step(size, cache_dir))
-    results['warm'].append(_time_first_step(size, cache_dir))
-  return results
-
-
-# ---------------------------------------------------------------------------
-# The logged gradient norm, both ways steps.global_norm can compute it.
-
-
-def norm_section(size_names: Sequence[str], repeats: int,
-                 seconds: float) -> dict[str, dict[str, list[float]]]:
-  """Seconds per jitted norm of each size's parameters: one reduction over
-  their concatenation against one per leaf, interleaved; best of rounds."""
-  ways = {'one reduction': jax.jit(steps.concatenated_norm),
-          'per leaf': jax.jit(optax.tree.norm)}
-  out = {}
-  for name in size_names:
-    size = SIZES[name]
-    leaves = [jnp.ones(shape, jnp.float32)
-              for a, b in zip(size.layer_sizes[:-1], size.layer_sizes[1:])
-              for shape in ((a, b), (b,))]
-    times = {way: [] for way in ways}
-    calls = {}
-    for way, fn in ways.items():  # compile, then calls of ~`seconds` / 4
-      fn(leaves).block_until_ready()
-      start = time.perf_counter()
-      fn(leaves).block_until_ready()
-      calls[way] = max(1, int(seconds / 4 / (time.perf_counter() - start)))
-    for _ in range(repeats):
-      for way, fn in ways.items():
-        start = time.perf_counter()
-        for _ in range(calls[way]):
-          result = fn(leaves)
-        result.block_until_ready()
-        times[way].append((time.perf_counter() - start) / calls[way])
-    out[name] = times
-  return out
-
-
-def norm_report(results: dict[str, dict[str, list[float]]]) -> str:
-  rows = []
-  for name, times in results.items():
-    elements = SIZES[name].num_params
-    best = {way: 1e6 * min(t) for way, t in times.items()}
-    used = ('one reduction' if steps.takes_one_reduction(elements, False)
-            else 'per leaf')
-    rows.append([name, f'{elements:,}', f'{best["one reduction"]:,.1f}',
-                 f'{best["per leaf"]:,.1f}', used])
-  rounds = len(next(iter(results.values()))['per leaf'])
-  return (f'\n### Gradient norm (best of {rounds}; '
-          'meshfit takes one reduction up to '
-          f'{steps.ONE_REDUCTION_MAX_ELEMENTS:,} parameters)\n\n'
-          + markdown_table(['size', 'parameters', 'one reduction (us)',
-                            'per leaf (us)', 'meshfit uses'], rows))
-
-
-# ---------------------------------------------------------------------------
-# Many members in one program (issue 14).
-
-
-def member_variants(size: Size, data: Data, members: Sequence[int]
-                    ) -> dict[int, dict[str, Variant]]:
-  """For each ensemble size: meshfit's train calls ('calls'), the same with
-  SGD ('sgd': what Adam's update adds), its input pipeline alone and the
-  matmuls alone, all in calls of the length meshfit's loop picks for that
-  many members."""
-  config = _meshfit_config(size, dtype='float32', num_train_steps=None,
-                           checkpoint_every_seconds=None, cache_dir='')
-  v = {}
-  for m in members:
-    k, devices = _steps_per_call(config, size, m), _member_devices(m)
-    v[m] = {'calls': MeshfitCalls(size, data, k, m, devices=devices),
-            'sgd': MeshfitCalls(size, data, k, m, 'sgd', devices),
-            'pipeline': Pipeline(size, data, m, devices),
-            'matmuls': MemberMatmuls(size, data, k, m, devices)}
-  return v
-
-
-def members_section(size_name: str, members: Sequence[int], repeats: int,
-                    peaks: dict[str, list[float]], have_torch: bool,
-                    seconds: float | None) -> dict[str, Any]:
-  """Every variant of `member_variants` once per round, interleaved."""
-  size = SIZES[size_name]
-  variants = member_variants(size, make_data(size), members)
-  flat = [v for parts in variants.values() for v in parts.values()]
-  try:
-    rates, counts = run_rounds(flat, FLAGS.steps or size.default_steps,
-                               repeats, peaks, have_torch, seconds)
-  finally:
-    for v in flat:
-      v.close()
-  by_members = {}
-  for m, parts in variants.items():
-    by_members[str(m)] = {
-        'steps_per_call': parts['calls'].steps_per_call,
-        'devices': len(_member_devices(m)),
-        'variants': {part: v.name for part, v in parts.items()},
-        # CPU / wall of the fastest run (the round the rate comes from).
-        'cores': min(parts['calls'].runs)[1]}
-  return {'size': size_name, 'repeats': repeats, 'rates': rates,
-          'counts': counts, 'members': by_members}
-
-
-def members_report(res: dict[str, Any], peak_f32: float) -> str:
-  """The ensembles' speed beside one model's, then where a step goes."""
-  size, rates, counts = SIZES[res['size']], res['rates'], res['counts']
-  best = {name: max(r) for name, r in rates.items()}
-  one = res['members'].get('1')
-  one_rate = best[one['variants']['calls']] if one else None
-  rows, parts = [], []
-  for m, info in res['members'].items():
-    names, k = info['variants'], int(m)
-    rate = best[names['calls']]
-    gflops = rate * k * size.flops_per_step / 1e9
-    rows.append([m, str(info['devices']), f'{info["steps_per_call"]:,}',
-                 f'{counts[names["calls"]]:,}', _num(rate),
-                 _num(statistics.median(rates[names['calls']])),
-                 f'{rate * k * size.batch_size:,.0f}',
-                 _fmt(None if one_rate is None else rate * k / one_rate),
-                 _num(gflops), f'{100 * gflops / peak_f32:.1f}%',
-                 f'{info["cores"]:.2f}'])
-    step_us = 1e6 / rate
-    matmul_us = 1e6 / best[names['matmuls']]
-    adam_us = step_us - 1e6 / best[names['sgd']]
-    pipeline_us = 1e6 / best[names['pipeline']]
-    rest_us = step_us - matmul_us - adam_us - pipeline_us
-    matmul_gflops = (k * MemberMatmuls.flops_per_member_step(size)
-                     / matmul_us / 1e3)
-
-    def share(us):
-      return f'{us:,.0f} ({100 * us / step_us:.0f}%)'
-    parts.append([m, f'{step_us:,.0f}', f'{step_us / k:,.1f}',
-                  share(matmul_us), share(adam_us), share(pipeline_us),
-                  share(rest_us), _num(matmul_gflops),
-                  f'{100 * matmul_gflops / peak_f32:.1f}%'])
-  rounds = len(next(iter(rates.values())))
-  return '\n'.join([
-      f'\n### Many members in one program ({res["size"]}: '
-      f'{" -> ".join(map(str, size.layer_sizes))}, batch '
-      f'{size.batch_size} per member, {size.num_params:,} params per member; '
-      f'best of {rounds} rounds)\n',
-      'meshfit\'s jitted train calls and TrainFeed for an ensemble of M '
-      'members in calls of the length its loop picks; model-examples/s is '
-      'M x batch x steps/s; cores busy is process CPU time / wall time.\n',
-      markdown_table(['members', 'devices', 'steps/call', 'steps', 'steps/s',
-                      'median', 'model-examples/s', 'x 1 member', 'GFLOP/s',
-                      'of peak', 'cores busy'], rows),
-      '\nWhere a step goes (us per step of all M members, each part timed '
-      'alone in calls of the same length: the matmuls alone, Adam\'s update '
-      'as the difference from SGD\'s, the input pipeline alone; rest: '
-      'activations, loss, bias gradients, gradient norms, metrics):\n',
-      markdown_table(['members', 'step (us)', 'per member (us)', 'matmuls',
-                      'Adam over SGD', 'input pipeline', 'rest',
-                      'matmul GFLOP/s', 'of peak'], parts)])
-
-
-# ---------------------------------------------------------------------------
-# Rounds and tables.
-
-
-def make_variants(size: Size, data: Data, sections: Sequence[str],
-                  num_steps: int, workroot: str, cache_dir: str,
-                  have_torch: bool) -> list[Variant]:
-  """Every variant of `size` that the chosen sections need.
-
-  The checkpoint comparison runs size.checkpoint_steps steps (both of its
-  variants), a window of ~10 s.
-  """
-  v = []
-  if {'main', 'precision', 'checkpoint', 'breakdown'} & set(sections):
-    v.append(Meshfit(size, data, workroot, cache_dir))
-    v.append(MinimalJit(size, data))
-  if {'main', 'precision'} & set(sections) and have_torch:
-    v.append(Torch(size, data))
-  if 'main' in sections:
-    v.append(Pmap(size, data))
-    if have_torch:
-      # Immune to the spinning of OpenMP threads on a shared machine.
-      v.append(Torch(size, data, threads=1))
-  if 'precision' in sections:
-    v.append(Meshfit(size, data, workroot, cache_dir, dtype='bfloat16'))
-    v.append(MinimalJit(size, data, dtype='bfloat16'))
-    v.append(MinimalJit(size, data, dtype='bfloat16',
-                        low_precision_grads=True))
-    if have_torch:
-      v.append(Torch(size, data, dtype='bfloat16'))
-  if 'checkpoint' in sections:
-    for every in (0.0, CHECKPOINT_SECONDS):
-      v.append(Meshfit(size, data, workroot, cache_dir,
-                       checkpoint_every_seconds=every,
-                       steps=size.checkpoint_steps))
-  if 'pipeline' in sections:
-    v.append(Pipeline(size, data))
-  if 'breakdown' in sections and size.breakdown:
-    v.append(MeshfitCalls(size, data, steps_per_call=1))
-    config = _meshfit_config(size, dtype='float32', num_train_steps=None,
-                             checkpoint_every_seconds=None, cache_dir='')
-    v.append(MeshfitCalls(size, data, _steps_per_call(config, size)))
-  return v
+# Rounds.
 
 
 def _calibrate(variant: Variant, max_steps: int, seconds: float,
@@ -1042,27 +536,30 @@ def _calibrate(variant: Variant, max_steps: int, seconds: float,
 
 def run_rounds(variants: Sequence[Variant], num_steps: int, repeats: int,
                peaks: dict[str, list[float]], have_torch: bool,
-               seconds: float | None) -> tuple[dict[str, list[float]],
-                                               dict[str, int]]:
-  """steps/s of each variant per round; the start rotates every round.
+               seconds: float | None
+               ) -> tuple[dict[str, list[float]], dict[str, int]]:
+  """steps/s of each variant per round, interleaved.
 
   Returns:
     steps/s per variant and round, and the steps each variant ran per round.
   """
   # A few steps at least, whatever they take: one step is all noise.
-  counts = {v.name: getattr(v, 'steps', None) or num_steps
-            if v.fixed_steps or seconds is None
-            else _calibrate(v, num_steps * v.max_steps_factor, seconds,
-                            min_steps=min(num_steps, 3))
+  counts = {v.name: v.fixed_steps or (
+      num_steps if seconds is None else
+      _calibrate(v, num_steps, seconds, min_steps=min(num_steps, 3)))
             for v in variants}
-  rates = {v.name: [] for v in variants}
-  for r in range(repeats):
+
+  def timed(v: Variant) -> Callable[[], float]:
+    return lambda: counts[v.name] / v.run(counts[v.name])
+  def peak() -> float:
     for name, gflops in _matmul_peaks(have_torch).items():
       peaks.setdefault(name, []).append(gflops)
-    order = list(variants[r % len(variants):]) + list(
-        variants[:r % len(variants)])
-    for v in order:
-      rates[v.name].append(counts[v.name] / v.run(counts[v.name]))
+    return 0.0
+  # The peak once per round too, among the variants: "of peak" divides by
+  # the best of them.
+  runs = {'matmul peak': peak, **{v.name: timed(v) for v in variants}}
+  rates = bench_common.interleaved(runs, repeats)
+  del rates['matmul peak']
   return rates, counts
 
 
@@ -1073,150 +570,210 @@ def _ratio(rates: dict[str, list[float]], a: str, b: str) -> float | None:
   return max(rates[a]) / max(rates[b])
 
 
-def _fmt(x: float | None, spec: str = '.2f', suffix: str = 'x') -> str:
-  return '-' if x is None else f'{x:{spec}}{suffix}'
+def _fmt(x: float | None) -> str:
+  return '-' if x is None else f'{x:.2f}x'
 
 
-def _num(x: float) -> str:
-  """Three significant digits or more: 12,345 / 123 / 12.3 / 1.23."""
-  return f'{x:,.0f}' if x >= 100 else f'{x:.3g}'
+# ---------------------------------------------------------------------------
+# Sections.
 
 
-def report(results: dict[str, Any]) -> str:
-  """Markdown tables of everything measured."""
-  out = []
-  peaks = {k: max(v) for k, v in results['peaks'].items()}
-  peak_f32 = max(v for k, v in peaks.items() if 'f32' in k and 'bf16' not in k)
+def size_variants(size: Size, data: Data, sections: Sequence[str],
+                  workroot: str, have_torch: bool) -> list[Variant]:
+  """Every variant of `size` that the chosen sections need."""
+  v = []
+  if {'main', 'precision', 'checkpoint'} & set(sections):
+    v.append(Meshfit(size, data, workroot))
+    v.append(MinimalJit(size, data))
+  if {'main', 'precision'} & set(sections) and have_torch:
+    v.append(Torch(size, data))
+  if 'main' in sections:
+    v.append(Meshfit(size, data, workroot, steps_per_call=1))
+    v.append(Pmap(size, data))
+    if have_torch:
+      # Immune to the spinning of OpenMP threads on a shared machine.
+      v.append(Torch(size, data, threads=1))
+  if 'precision' in sections:
+    v.append(Meshfit(size, data, workroot, dtype='bfloat16'))
+    v.append(MinimalJit(size, data, dtype='bfloat16'))
+    if have_torch:
+      v.append(Torch(size, data, dtype='bfloat16'))
+  if 'checkpoint' in sections:
+    for every in (0.0, CHECKPOINT_SECONDS):
+      v.append(Meshfit(size, data, workroot, checkpoint_every_seconds=every,
+                       steps=FLAGS.steps or size.checkpoint_steps))
+  return v
+
+
+def size_report(size: Size, res: dict[str, Any],
+                peaks: dict[str, float]) -> str:
+  """The main, precision and checkpoint tables of one size."""
+  rates, counts = res['rates'], res['counts']
+  peak_f32 = max(v for k, v in peaks.items() if 'bf16' not in k)
   peak_bf16 = max(v for k, v in peaks.items() if 'bf16' in k)
-  out.append(f'Matmul peak ({MATMUL_N}^3, best of every round):\n')
-  out.append(markdown_table(['matmul', 'GFLOP/s'],
-                            [[k, f'{v:.0f}'] for k, v in peaks.items()]))
+  out = [f'\n### {size.name}: {" -> ".join(map(str, size.layer_sizes))}, '
+         f'batch {size.batch_size}, {size.num_params:,} params, '
+         f'best of {res["repeats"]} rounds\n']
+  rows = []
+  for name, r in rates.items():
+    best = max(r)
+    gflops = best * size.flops_per_step / 1e9
+    peak = peak_bf16 if 'bfloat16' in name else peak_f32
+    rows.append([name, f'{counts[name]:,}', number(best),
+                 number(statistics.median(r)),
+                 f'{best * size.batch_size:,.0f}', number(gflops),
+                 f'{100 * gflops / peak:.1f}%',
+                 _fmt(_ratio(rates, name, 'jit')),
+                 _fmt(_ratio(rates, name, 'pmap')),
+                 _fmt(_ratio(rates, name, 'torch')),
+                 _fmt(_ratio(rates, name, 'torch, 1 thread'))])
+  out.append(markdown_table(
+      ['variant', 'steps', 'steps/s', 'median', 'examples/s', 'GFLOP/s',
+       'of peak', 'x jit', 'x pmap', 'x torch', 'x torch 1t'], rows))
 
-  for size_name, res in results['sizes'].items():
-    size, rates, counts = SIZES[size_name], res['rates'], res['counts']
-    out.append(f'\n### {size_name}: {" -> ".join(map(str, size.layer_sizes))}'
-               f', batch {size.batch_size}, {size.num_params:,} params, '
-               f'{res["repeats"]} rounds\n')
-    rows = []
-    for name, r in rates.items():
-      if name.startswith('mf:') or 'pipeline' in name:
-        continue
-      best = max(r)
-      gflops = best * size.flops_per_step / 1e9
-      peak = peak_bf16 if 'bfloat16' in name else peak_f32
-      rows.append([name, f'{counts[name]:,}', _num(best),
-                   _num(statistics.median(r)),
-                   f'{best * size.batch_size:,.0f}', _num(gflops),
-                   f'{100 * gflops / peak:.1f}%',
-                   _fmt(_ratio(rates, name, 'jit')),
-                   _fmt(_ratio(rates, name, 'pmap')),
-                   _fmt(_ratio(rates, name, 'torch')),
-                   _fmt(_ratio(rates, name, 'torch, 1 thread'))])
-    out.append(markdown_table(
-        ['variant', 'steps', 'steps/s', 'median', 'examples/s', 'GFLOP/s',
-         'of peak', 'x jit', 'x pmap', 'x torch', 'x torch 1t'], rows))
-
-    extra = []
-    for name in ('meshfit', 'jit', 'torch'):
-      for bf16 in [n for n in rates if n.startswith(f'{name} bfloat16')
-                   or n.startswith(f'proto: {name} bfloat16')]:
-        extra.append([f'{bf16} / {name}', _fmt(_ratio(rates, bf16, name))])
-    base = f'meshfit no ckpt, {size.checkpoint_steps:,} steps'
-    ckpt = (f'meshfit ckpt every {CHECKPOINT_SECONDS:g} s, '
-            f'{size.checkpoint_steps:,} steps')
-    if ckpt in rates:
-      ratio = _ratio(rates, ckpt, base)
-      window = size.checkpoint_steps / max(rates[ckpt])  # seconds
-      saves = res.get('checkpoints') or [0]
-      per_save = (window - size.checkpoint_steps / max(rates[base])) / max(
-          statistics.median(saves), 1)
-      default = default_checkpoint_seconds()
-      extra.append([f'{ckpt} / {base} (cost {100 * (1 - ratio):.1f}%; '
-                    f'{min(saves)} to {max(saves)} checkpoints in its '
-                    f'{window:.1f} s, every one due written)', _fmt(ratio)])
+  extra = []
+  one_step = 'meshfit, 1 step per call'
+  if one_step in rates:
+    extra.append(['meshfit (calls of many steps) / meshfit, 1 step per call',
+                  _fmt(_ratio(rates, 'meshfit', one_step))])
+  for name in ('meshfit', 'jit', 'torch'):
+    for bf16 in [n for n in rates if n.startswith(f'{name} bfloat16')]:
+      extra.append([f'{bf16} / {name}', _fmt(_ratio(rates, bf16, name))])
+  steps = FLAGS.steps or size.checkpoint_steps
+  base = f'meshfit, no ckpt, {steps:,} steps'
+  ckpt = f'meshfit, ckpt every {CHECKPOINT_SECONDS:g} s, {steps:,} steps'
+  if ckpt in rates:
+    ratio = _ratio(rates, ckpt, base)
+    window = steps / max(rates[ckpt])  # seconds
+    saves = res.get('checkpoints') or [0]
+    per_save = (window - steps / max(rates[base])) / max(
+        statistics.median(saves), 1)
+    default_seconds = default.get_config().checkpoint_every_seconds
+    extra.append([f'{ckpt} / no ckpt (cost {100 * (1 - ratio):.1f}%; '
+                  f'{min(saves)} to {max(saves)} checkpoints in its '
+                  f'{window:.1f} s)', _fmt(ratio)])
+    if max(saves):
       extra.append([f'one save costs training {1e3 * per_save:.0f} ms; at '
-                    f'the default checkpoint_every_seconds={default:g}: cost',
-                    f'{100 * per_save / default:.2f}%'])
-    pipe = 'input pipeline alone'
-    if pipe in rates:
-      rows_s = max(rates[pipe]) * size.batch_size
-      extra.append([f'input pipeline alone: {rows_s:,.0f} rows/s; / rows/s '
-                    'meshfit consumes', _fmt(_ratio(rates, pipe, 'meshfit'))])
-    if extra:
-      out.append('\n' + markdown_table(['ratio', 'value'], extra))
-
-    ladder = [n for n in rates if n.startswith('mf:')]
-    if ladder:
-      rows = []
-      previous = None
-      for name in ['jit'] + ladder + ['meshfit']:
-        best = max(rates[name])
-        us = 1e6 / best
-        delta = '' if previous is None else f'{us - previous:+.0f}'
-        rows.append([name, f'{best:,.0f}', f'{us:,.0f}', delta,
-                     _fmt(_ratio(rates, name, 'jit')),
-                     _fmt(_ratio(rates, name, 'meshfit'))])
-        previous = us
-      out.append('\nWhere the time goes (meshfit\'s jitted calls and '
-                 'TrainFeed alone, then its whole loop):\n')
-      out.append(markdown_table(['variant', 'steps/s', 'us/step', '+us',
-                                 'x jit', 'x meshfit'], rows))
-
-  if 'norm' in results:
-    out.append(norm_report(results['norm']))
-  if 'members' in results:
-    out.append(members_report(results['members'], peak_f32))
-  if 'first_step' in results:
-    fs = results['first_step']
-    out.append(f'\n### Time to first step ({fs["size"]}, fresh process; '
-               f'best of {len(fs["runs"]["cold"])})\n')
-    rows = []
-    med = {k: {m: min(r[m] for r in runs)
-               for m in ('in_process_s', 'process_s')}
-           for k, runs in fs['runs'].items()}
-    labels = {'off': 'cache off', 'cold': 'cache cold (empty dir)',
-              'warm': 'cache warm (restart)'}
-    for k, m in med.items():
-      rows.append([labels[k], f'{m["in_process_s"]:.2f}',
-                   f'{m["process_s"]:.2f}'])
-    out.append(markdown_table(['start', 'train_and_evaluate -> first step (s)',
-                               'process launch -> first step (s)'], rows))
-    out.append('\n' + markdown_table(['ratio', 'in process', 'from launch'], [[
-        'cold / warm',
-        _fmt(med['cold']['in_process_s'] / med['warm']['in_process_s']),
-        _fmt(med['cold']['process_s'] / med['warm']['process_s'])]]))
+                    'the default checkpoint_every_seconds='
+                    f'{default_seconds:g}: cost',
+                    f'{100 * per_save / default_seconds:.2f}%'])
+  if extra:
+    out.append('\n' + markdown_table(['ratio', 'value'], extra))
   return '\n'.join(out)
 
 
-def default_checkpoint_seconds() -> float:
-  return default.get_config().checkpoint_every_seconds
+def members_section(size: Size, data: Data, members: Sequence[int],
+                    workroot: str, repeats: int, peaks: dict[str, list[float]],
+                    have_torch: bool) -> dict[str, Any]:
+  """For each ensemble size, meshfit as it runs and with every call waited
+  for (the device's time), interleaved."""
+  variants = {}
+  for m in members:
+    variants[m] = (Meshfit(size, data, workroot, members=m),
+                   Meshfit(size, data, workroot, members=m, wait_every=True))
+  flat = [v for pair in variants.values() for v in pair]
+  if FLAGS.steps:
+    counts = {v.name: FLAGS.steps for v in flat}
+  else:
+    counts = {}
+    for free, waited in variants.values():
+      # Calibrated on the run as it is; its waited twin runs as many steps.
+      counts[free.name] = _calibrate(free, size.default_steps,
+                                     FLAGS.seconds, min_steps=3)
+      counts[waited.name] = counts[free.name]
+  for v in flat:
+    v.windows.clear()
+    v.fixed_steps = counts[v.name]
+  rates, _ = run_rounds(flat, 0, repeats, peaks, have_torch, None)
+  rows = {}
+  for m, (free, waited) in variants.items():
+    fast = max(free.windows, key=lambda w: w['steps'] / w['seconds'])
+    # The host's work in the fastest run; the waited run's device time is
+    # its wall less its host's.
+    host_us = 1e6 * fast['host_seconds'] / fast['steps']
+    waited_us = [1e6 * (w['seconds'] - w['host_seconds']) / w['steps']
+                 for w in waited.windows]
+    rows[str(m)] = {
+        'devices': free.config.mesh.members, 'steps': counts[free.name],
+        'steps_per_s': rates[free.name],
+        'host_us': host_us, 'device_us': max(min(waited_us), 0.0),
+        'host_share': fast['host_seconds'] / fast['seconds'],
+        'cores': fast['cpu_seconds'] / fast['seconds']}
+  return {'size': size.name, 'repeats': repeats, 'members': rows}
 
 
-def _machine() -> str:
-  cpu = platform.processor() or platform.machine()
-  try:
-    with open('/proc/cpuinfo', encoding='utf-8') as f:
-      cpu = next(line.split(':', 1)[1].strip() for line in f
-                 if line.startswith('model name'))
-  except (OSError, StopIteration):
-    pass
-  try:
-    import torch  # noqa: PLC0415
-    torch_version = torch.__version__
-    torch_version += f' ({torch.get_num_threads()} threads)'
-  except ImportError:
-    torch_version = 'absent'
-  return (f'{cpu}, {os.cpu_count()} cores; jax {jax.__version__} on '
-          f'{jax.device_count()} {jax.devices()[0].platform} device(s); '
-          f'torch {torch_version}')
+def members_report(res: dict[str, Any], peak_f32: float) -> str:
+  """The ensembles' speed beside one model's, and the host's share."""
+  size = SIZES[res['size']]
+  one = res['members'].get('1')
+  one_rate = max(one['steps_per_s']) if one else None
+  rows = []
+  for m, info in res['members'].items():
+    k = int(m)
+    rate = max(info['steps_per_s'])
+    gflops = rate * k * size.flops_per_step / 1e9
+    host, device = info['host_us'], info['device_us']
+    rows.append([m, str(info['devices']), f'{info["steps"]:,}', number(rate),
+                 number(statistics.median(info['steps_per_s'])),
+                 f'{rate * k * size.batch_size:,.0f}',
+                 _fmt(None if one_rate is None else rate * k / one_rate),
+                 number(gflops), f'{100 * gflops / peak_f32:.1f}%',
+                 f'{info["cores"]:.2f}', f'{host:,.1f}', f'{device:,.1f}',
+                 f'{100 * info["host_share"]:.0f}%'])
+  return '\n'.join([
+      f'\n### Members ({size.name}: {" -> ".join(map(str, size.layer_sizes))}'
+      f', batch {size.batch_size} per member, {size.num_params:,} params per '
+      f'member; best of {res["repeats"]} rounds)\n',
+      'model-examples/s is members x batch x steps/s; cores busy is process '
+      'CPU / wall; host us/step is the loop thread\'s CPU time a step, '
+      'host share that over the wall time of a step (near 100%: the host is '
+      'the bound); device us/step is the wall time of a step with every '
+      'call waited for, less the host\'s.\n',
+      markdown_table(['members', 'devices', 'steps', 'steps/s', 'median',
+                      'model-examples/s', 'x 1 member', 'GFLOP/s', 'of peak',
+                      'cores busy', 'host us/step', 'device us/step',
+                      'host share'], rows)])
+
+
+def first_minute(scratch: str) -> list[list[str]]:
+  """configs/csv.py on --train: train then predict, fresh processes, cold,
+  warm and warm as typed (no --verbose: its phases are not read)."""
+  cache, data = os.path.join(scratch, 'cache'), os.path.join(scratch, 'data')
+  rows = []
+  for kind in ('cold', 'warm', 'as typed'):
+    workdir = os.path.join(scratch, f'{kind.replace(" ", "_")}_run')
+    verbose = [] if kind == 'as typed' else ['--verbose']
+    run = bench_common.checked(bench_common.train_py([
+        '--config=configs/csv.py', f'--workdir={workdir}',
+        f'--config.dataset.train_path={FLAGS.train}',
+        f'--config.dataset.eval_path={FLAGS.test}',
+        f"--config.dataset.target_columns=('{FLAGS.target}',)",
+        f'--config.dataset.data_dir={data}',
+        f'--config.compilation_cache_dir={cache}', *verbose]))
+    marks = [0.0] + [bench_common.first_log(run, p) for p in (
+        r'JAX process', r'Sized to', r'Training steps',
+        r'\] \[\d+\] train/', r'Done:')] + [run.seconds]
+    predict = bench_common.checked(bench_common.train_py([
+        '--mode=predict', f'--workdir={workdir}', f'--input={FLAGS.test}',
+        f'--output={os.path.join(scratch, "predictions.csv")}']))
+    step = re.search(r'Done: (?:best )?step (\d+)', run.output)
+    spans = ([f'{b - a:.2f}' if a is not None and b is not None else '?'
+              for a, b in zip(marks, marks[1:])] if verbose
+             else ['-'] * (len(marks) - 1))
+    rows.append([kind, f'{run.seconds + predict.seconds:.2f}',
+                 f'{run.seconds:.2f}', *spans, f'{predict.seconds:.2f}',
+                 step[1] if step else '?'])
+  return rows
+
+
+FIRST_MINUTE_HEADER = ['run', 'train + predict, s', 'train, s', 'imports',
+                       'prepare', 'set up', 'first call', 'training',
+                       'after the last step', 'predict, s', 'model step']
 
 
 def main(argv: Sequence[str]) -> None:
   del argv
   logging.set_verbosity(logging.WARNING)
-  if FLAGS.first_step_child:
-    _first_step_child(json.loads(FLAGS.first_step_child))
-    return
   bad = (set(FLAGS.sizes) - set(SIZES) or set(FLAGS.sections) - set(SECTIONS)
          or {FLAGS.members_size} - set(SIZES)
          or {m for m in FLAGS.members if not m.isdigit() or int(m) < 1})
@@ -1232,61 +789,60 @@ def main(argv: Sequence[str]) -> None:
     have_torch = False
     print('note: torch is not installed, so the PyTorch rows are skipped '
           '(pip install -r requirements-bench.txt adds it).')
-  print(_machine(), flush=True)
-  load_before = os.getloadavg()[0]
+  print(bench_common.machine(), flush=True)
+  load_before = bench_common.load_average()
   workroot = tempfile.mkdtemp(prefix='meshfit_speed_')
-  cache_dir = os.path.join(workroot, 'jax_cache')
-  results = {'machine': _machine(), 'command': ' '.join(sys.argv),
+  results = {'machine': bench_common.machine(), 'command': ' '.join(sys.argv),
              'peaks': {}, 'sizes': {}}
+  report = []
   try:
-    for size_name in FLAGS.sizes:
-      size = SIZES[size_name]
-      num_steps = FLAGS.steps or size.default_steps
-      print(f'{size_name}: setting up...', flush=True)
-      variants = make_variants(size, make_data(size), FLAGS.sections,
-                               num_steps, workroot, cache_dir, have_torch)
-      if not variants:  # e.g. --sections=first_step alone
-        continue
-      try:
+    if {'main', 'precision', 'checkpoint'} & set(FLAGS.sections):
+      for size_name in FLAGS.sizes:
+        size = SIZES[size_name]
+        print(f'{size_name}: setting up...', flush=True)
+        variants = size_variants(size, make_data(size, workroot),
+                                 FLAGS.sections, workroot, have_torch)
         rates, counts = run_rounds(
-            variants, num_steps, FLAGS.repeats, results['peaks'], have_torch,
+            variants, FLAGS.steps or size.default_steps, FLAGS.repeats,
+            results['peaks'], have_torch,
             None if FLAGS.steps else FLAGS.seconds)
-      finally:
+        res = {'counts': counts, 'repeats': FLAGS.repeats, 'rates': rates}
         for v in variants:
-          v.close()
-      results['sizes'][size_name] = {'steps': num_steps, 'counts': counts,
-                                     'repeats': FLAGS.repeats, 'rates': rates}
-      for v in variants:
-        if getattr(v, 'checkpoints', None):
-          results['sizes'][size_name]['checkpoints'] = v.checkpoints
-      print(f'{size_name}: done', flush=True)
+          if getattr(v, 'checkpoints', None):
+            res['checkpoints'] = v.checkpoints
+        results['sizes'][size_name] = res
     if 'members' in FLAGS.sections:
-      print(f'{FLAGS.members_size}: members {", ".join(FLAGS.members)}...',
-            flush=True)
+      size = SIZES[FLAGS.members_size]
+      print(f'{size.name}: members {", ".join(FLAGS.members)}...', flush=True)
       results['members'] = members_section(
-          FLAGS.members_size, [int(m) for m in FLAGS.members], FLAGS.repeats,
-          results['peaks'], have_torch,
-          None if FLAGS.steps else FLAGS.seconds)
-    if 'norm' in FLAGS.sections:
-      print('gradient norm...', flush=True)
-      results['norm'] = norm_section(FLAGS.sizes, FLAGS.repeats,
-                                     FLAGS.seconds)
-    if 'first_step' in FLAGS.sections:
-      print('time to first step...', flush=True)
-      results['first_step'] = {
-          'size': FLAGS.first_step_size,
-          'runs': first_step_section(FLAGS.first_step_size, FLAGS.repeats,
-                                     workroot)}
-    if not results['peaks']:
-      results['peaks'] = {k: [v] for k, v in _matmul_peaks(have_torch).items()}
+          size, make_data(size, workroot), [int(m) for m in FLAGS.members],
+          workroot, FLAGS.repeats, results['peaks'], have_torch)
+    if 'first_minute' in FLAGS.sections:
+      print(f'first minute of {FLAGS.train}...', flush=True)
+      results['first_minute'] = first_minute(workroot)
   finally:
     shutil.rmtree(workroot, ignore_errors=True)
-  results['load_average'] = [load_before, os.getloadavg()[0]]
-  print()
-  print(f'{results["machine"]}\n1-minute load average {load_before:.1f} '
-        f'before, {os.getloadavg()[0]:.1f} after (other processes share the '
-        'cores: compare ratios, not absolute rates).\n')
-  print(report(results))
+  results['load_average'] = [load_before, bench_common.load_average()]
+  print(f'\n{results["machine"]}\n1-minute load average {load_before:.1f} '
+        f'before, {results["load_average"][1]:.1f} after (other processes '
+        'share the cores: compare ratios, not absolute rates).\n')
+  peaks = {k: max(v) for k, v in results['peaks'].items()}
+  if peaks:
+    report.append(f'Matmul peak ({FLAGS.matmul_n}^3, best of every round):\n')
+    report.append(markdown_table(['matmul', 'GFLOP/s'],
+                                 [[k, f'{v:.0f}'] for k, v in peaks.items()]))
+  for size_name, res in results['sizes'].items():
+    report.append(size_report(SIZES[size_name], res, peaks))
+  if 'members' in results:
+    report.append(members_report(
+        results['members'],
+        max(v for k, v in peaks.items() if 'bf16' not in k)))
+  if 'first_minute' in results:
+    report.append(f'\n### First minute: {FLAGS.train}, configs/csv.py, train '
+                  'then predict, each a fresh train.py process\n')
+    report.append(markdown_table(FIRST_MINUTE_HEADER,
+                                 results['first_minute']))
+  print('\n'.join(report))
   if FLAGS.json:
     with open(FLAGS.json, 'w', encoding='utf-8') as f:
       json.dump(results, f, indent=1)

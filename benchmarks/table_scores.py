@@ -1,20 +1,14 @@
-"""The tables benchmark's scores: RMSE, paired intervals and their counts,
-error_rows.py's scores with and without rows, and log_target.py's holdout
-files and scores.
+"""The tables benchmark's scores: RMSE, paired intervals and their counts.
 
 Apart from benchmarks/tables.py, which defines absl flags, so that tests
 (and other scripts) can import them beside another benchmark's flags.
 """
 
 import math
-import os
 
 import numpy as np
-import pandas as pd
 
-import storage
 from bench_common import markdown_table
-from meshfit.report import writers
 
 MODELS = ('ridge', 'sklearn_mlp', 'histgbr', 'catboost', 'lightgbm')
 MODEL_NAMES = {'ridge': 'ridge', 'sklearn_mlp': 'sklearn MLP',
@@ -22,10 +16,6 @@ MODEL_NAMES = {'ridge': 'ridge', 'sklearn_mlp': 'sklearn MLP',
                'lightgbm': 'LightGBM'}
 # The paired bootstrap of `paired_interval`: resamples and coverage.
 BOOTSTRAP_ROUNDS, BOOTSTRAP_LEVEL = 4000, 0.95
-# log_target.py's holdout: this fraction of a training file, by a
-# permutation seeded HOLDOUT_SEED_BASE + the split.
-HOLDOUT_FRACTION = 0.2
-HOLDOUT_SEED_BASE = 100
 
 
 def rmse(prediction_N: np.ndarray, target_N: np.ndarray) -> float:
@@ -91,96 +81,3 @@ def interval_report(results: dict[str, dict]) -> str:
   rows.append(['splits in all', *(' / '.join(map(str, totals[m]))
                                   for m in MODELS)])
   return markdown_table(header, rows)
-
-
-def score_table(splits: dict[str, tuple[dict[str, np.ndarray], np.ndarray,
-                                         np.ndarray]],
-                reference: str, excluding: bool) -> str:
-  """Every model's test RMSE per split, over all the scored rows and (with
-  `excluding`) over the kept ones, and the geometric mean over the splits
-  over `reference`'s.
-
-  Args:
-    splits: {split: ({model: predictions}, targets, kept rows as bools)}.
-    reference: the model the ratios are over.
-    excluding: whether to add the kept rows' columns.
-  """
-  columns = ('all', 'kept') if excluding else ('all',)
-  scores = {c: {} for c in columns}  # column -> model -> [per split]
-  for predictions, y, kept in splits.values():
-    for name, p in predictions.items():
-      for c in columns:
-        rows = kept if c == 'kept' else np.ones(len(y), bool)
-        scores[c].setdefault(name, []).append(
-            rmse(p[rows], y[rows]) if rows.any() else math.nan)
-  mean = {c: {m: math.exp(np.mean(np.log(v))) for m, v in by.items()}
-          for c, by in scores.items()}
-  header, rows = ['model'], []
-  for split in splits:
-    header += [f'split {split}'] + ([f'split {split} kept'] if excluding
-                                    else [])
-  name = MODEL_NAMES.get(reference, reference)
-  header += [f'x {name}'] + ([f'x {name}, kept'] if excluding else [])
-  for m in scores['all']:
-    row = [MODEL_NAMES.get(m, m)]
-    for i in range(len(splits)):
-      row += [four_digits(scores[c][m][i])
-              for c in columns]
-    row += [f'{mean[c][m] / mean[c][reference]:.3f}' for c in columns]
-    rows.append(row)
-  return markdown_table(header, rows)
-
-
-def excess_rows(predictions: dict[str, np.ndarray], y: np.ndarray,
-                reference: str, top: int) -> list[tuple[int, float]]:
-  """The `top` rows with most of meshfit's squared error over
-  `reference`'s: (row, its share of the split's total excess; NaN when
-  meshfit has no excess in all)."""
-  excess = (predictions['meshfit'] - y)**2 - (predictions[reference] - y)**2
-  total = excess.sum()
-  return [(int(i), excess[i] / total if total > 0 else math.nan)
-          for i in np.argsort(-excess, kind='stable')[:top]]
-
-
-def carve_holdout(train_path: str, target: str, split: str, folder: str
-                  ) -> dict[str, str] | None:
-  """Writes fit/holdout files, each also with a log target, into `folder`.
-
-  Returns:
-    {'fit', 'holdout', 'fit_log', 'holdout_log'} paths, or None when the
-    target is not positive on every row that has one.
-  """
-  frame = pd.read_csv(train_path)
-  frame = frame[frame[target].notna()].reset_index(drop=True)
-  y = frame[target].astype(float)
-  if not (y > 0).all():
-    return None
-  order = np.random.default_rng(
-      HOLDOUT_SEED_BASE + int(split)).permutation(len(frame))
-  num_fit = int((1 - HOLDOUT_FRACTION) * len(frame))
-  parts = {'fit': frame.iloc[np.sort(order[:num_fit])],
-           'holdout': frame.iloc[np.sort(order[num_fit:])]}
-  os.makedirs(folder, exist_ok=True)
-  paths = {}
-  for name, part in parts.items():
-    paths[name] = os.path.join(folder, f'{name}.csv')
-    part.to_csv(paths[name], index=False)
-    logged = part.assign(**{target: np.log(part[target].astype(float))})
-    paths[f'{name}_log'] = os.path.join(folder, f'{name}_log.csv')
-    logged.to_csv(paths[f'{name}_log'], index=False)
-  return paths
-
-
-def best_validation_mse(workdir: str) -> float:
-  """The validation MSE (target units) at the step of least validation
-  loss, from a run's metrics.jsonl."""
-  return min((r['val/loss'], r['val/mse']) for r in writers.read_jsonl(
-      storage.join(workdir, 'metrics.jsonl')) if 'val/loss' in r)[1]
-
-
-def log_scores(truth: np.ndarray, raw: np.ndarray, logged: np.ndarray,
-               log_mse: float) -> dict[str, float]:
-  """Holdout RMSE of the raw run and of the log run read back as median
-  and as mean."""
-  return {'raw': rmse(raw, truth), 'log_median': rmse(np.exp(logged), truth),
-          'log_mean': rmse(np.exp(logged + 0.5 * log_mse), truth)}

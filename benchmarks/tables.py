@@ -5,7 +5,7 @@
         [--workdir=DIR] [--meshfit_args='--config.X=Y ...'] [--skip_refs]
         [--output=results.json]
 
-Issue 13's benchmark. For every table and split, meshfit runs exactly as a
+For every table and split, meshfit runs exactly as a
 user runs it, configs/csv.py untouched and nothing but the target named:
 
     python train.py --config=configs/csv.py --workdir=W \
@@ -48,7 +48,6 @@ import json
 import os
 import platform
 import re
-import resource
 import shlex
 import shutil
 import subprocess
@@ -60,6 +59,7 @@ import numpy as np
 import pandas as pd
 from absl import app, flags
 
+import bench_common
 from bench_common import markdown_table
 from table_scores import (BOOTSTRAP_LEVEL, MODEL_NAMES, MODELS, four_digits,
                           interval_report, paired_interval, rmse)
@@ -133,7 +133,7 @@ DEV_TABLES = (
     DevTable('ggplot2movies', 'movies', 'rating',
              tuple(f'r{i}' for i in range(1, 11)),
              'free-text titles, large, NaN'),
-    # Added with issue 13's cross-fitted defaults: more tables that nothing
+    # Added with the cross-fitted defaults: more tables that nothing
     # was designed on, spread over sizes, in increasing rows.
     # Consumer Reports' 1990 cars: 111 rows, 34 columns, 9 of text (tire
     # sizes, transmissions), NaN in 22 columns and in 6 prices.
@@ -278,9 +278,9 @@ def dev_tables(directory: str, names: list[str] | None,
 
 def meshfit_command(train_path: str, test_path: str, target: str,
                     run_dir: str, extra: list[str]) -> list[str]:
-  """The user's command, with its files kept in `run_dir`."""
+  """The user's train.py flags, with its files kept in `run_dir`."""
   return [
-      sys.executable, 'train.py', '--config=configs/csv.py',
+      '--config=configs/csv.py',
       f'--workdir={os.path.join(run_dir, "workdir")}',
       f'--config.dataset.train_path={train_path}',
       f'--config.dataset.eval_path={test_path}',
@@ -304,7 +304,7 @@ def run_meshfit(command: list[str], run_dir: str, timeout: float,
   """Runs one meshfit command; its test RMSE, or how it failed.
 
   Args:
-    command: `meshfit_command`'s.
+    command: `meshfit_command`'s flags of train.py.
     run_dir: the run's scratch folder (the workdir inside it).
     timeout: seconds for each of train, eval and predict.
     predict: (test file, output file): after eval, --mode=predict writes
@@ -315,31 +315,20 @@ def run_meshfit(command: list[str], run_dir: str, timeout: float,
     `error:` line, or the last line of stderr), "left_out" (the columns it
     said it left out of the features), "seconds", "cpu_seconds", "command"}.
   """
-  env = dict(os.environ, NO_GCE_CHECK='true', TF_CPP_MIN_LOG_LEVEL='2')
-  log_path = os.path.join(run_dir, 'train.log')
-  before = resource.getrusage(resource.RUSAGE_CHILDREN)
-  start = time.time()
-  with open(log_path, 'w', encoding='utf-8') as log:
-    try:
-      returncode = subprocess.run(command, cwd=REPO, env=env,
-                                  stdout=subprocess.DEVNULL, stderr=log,
-                                  timeout=timeout, check=False).returncode
-    except subprocess.TimeoutExpired:
-      returncode = None
-  seconds = time.time() - start
-  after = resource.getrusage(resource.RUSAGE_CHILDREN)
-  with open(log_path, encoding='utf-8', errors='replace') as f:
-    lines = [line.strip() for line in f if line.strip()]
+  env = bench_common.env()
+  run = bench_common.train_py(command, timeout=timeout)
+  with open(os.path.join(run_dir, 'train.log'), 'w', encoding='utf-8') as f:
+    f.write(run.output)
+  returncode = None if run.timed_out else run.returncode
+  lines = [line.strip() for line in run.lines if line.strip()]
   errors = [line for line in lines if line.startswith('error:')]
   left_out = [line.split('left out of the features:', 1)[1].split(';')[0]
               .strip() for line in lines if 'left out of the features' in line]
   result = {'returncode': returncode, 'rmse': None, 'step': None,
             'error': errors[-1] if errors else (lines[-1] if lines else ''),
             'left_out': left_out[-1] if left_out else '',
-            'seconds': seconds,
-            'cpu_seconds': (after.ru_utime + after.ru_stime
-                            - before.ru_utime - before.ru_stime),
-            'command': shlex.join(command)}
+            'seconds': run.seconds, 'cpu_seconds': run.cpu_seconds,
+            'command': shlex.join(['python', 'train.py', *command])}
   if returncode is None:
     result['error'] = f'timed out after {timeout:.0f} s'
     return result

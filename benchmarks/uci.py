@@ -10,7 +10,7 @@ negative log-likelihood (per example, in the target's original units), mean
 and standard error over the splits.
 
 Every model is trained the way a user trains one: each split's rows are
-written to CSV files and `loop.train_and_evaluate` runs on a config derived
+written to CSV files and `train_and_evaluate` runs on a config derived
 from configs/csv.py, in this process, on one device.
 
 One run per split, its hyperparameters chosen inside it: a Gaussian ensemble
@@ -48,7 +48,7 @@ import pandas as pd  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from configs import csv as csv_config  # noqa: E402
-from meshfit.train import loop  # noqa: E402
+from meshfit.train.loop import train_and_evaluate  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATASETS = ('boston', 'concrete', 'energy', 'kin8nm', 'naval', 'power',
@@ -247,7 +247,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, train_path: str,
   """One meshfit run; returns its evaluation of the model it chose."""
   config = ml_collections.ConfigDict(config.to_dict())
   config.dataset.train_path, config.dataset.eval_path = train_path, eval_path
-  return loop.train_and_evaluate(config, workdir)
+  return train_and_evaluate(config, workdir)
 
 
 @dataclasses.dataclass(frozen=True)

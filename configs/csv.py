@@ -73,9 +73,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 0
   # Stop once 15 evaluations (about 15 epochs) in a row have not improved
   # the validation loss: on the dev and shared tables no run's best step
-  # came later than that after a better one (benchmarks/early_stopping.py,
-  # docs/tables.md), and a small table's best comes within a few epochs of
-  # the 100 it would otherwise train.
+  # came later than that after a better one (docs/tables.md), and a small
+  # table's best comes within a few epochs of the 100 it would otherwise
+  # train.
   config.early_stopping_evals = 15
   # The eval file selects nothing: it is scored once, for the final model.
   config.eval_during_training = False

@@ -3,8 +3,7 @@
 XLA:CPU picks its bfloat16 dot kernel before it lays out operands, so the
 forms JAX writes by default (a transposed view, a dot contracting both batch
 dimensions) are upcast to float32. These functions write the dots in the
-forms that stay bfloat16; benchmarks/matmul.py times them and
-docs/performance.md has the numbers.
+forms that stay bfloat16; docs/performance.md has what each form costs.
 """
 
 import functools
@@ -22,8 +21,7 @@ def transposed_copy(a_NxM: jax.Array) -> jax.Array:
   optimization barrier does not help: it inherits the view's layout). The
   same values built by splitting the rows in two, transposing in 3-D and
   merging again come out of a reshape, which XLA lays out row-major: the dot
-  stays bfloat16. benchmarks/matmul.py times both; docs/performance.md has
-  the numbers.
+  stays bfloat16. docs/performance.md has what both cost.
 
   Args:
     a_NxM: a matrix.

@@ -293,7 +293,7 @@ class Mlp(nnx.Module):
     if dropout_rate is None:
       dropout_rate = self.dropout_rate
     # The named scopes name each part's ops in the compiled program (and so
-    # in a profile: benchmarks/step_profile.py); they change no op.
+    # in a profile of a run: config.profile_start_step); they change no op.
     with jax.named_scope('number_embedding'):
       parts = [numbers_BxN if self.numbers is None
                else self.numbers(numbers_BxN)]

@@ -1,7 +1,11 @@
-"""The benchmarks' cheapest sections run and report what they measure."""
+"""The benchmarks: each drives meshfit through its entry points only, and
+each one's quick mode runs and reports what it measures."""
 
+import ast
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -9,70 +13,158 @@ import numpy as np
 import pandas as pd
 import pytest
 
-# Every test here trains (or runs train.py): left out of `make test-fast`.
-pytestmark = pytest.mark.slow
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = sorted(glob.glob(os.path.join(ROOT, 'benchmarks', '*.py')))
+
+# What a benchmark may import of this project, by module: the names listed
+# (None: any public name). meshfit through its entry points (the loop a
+# notebook calls, eval / predict / export of a saved run, the config, the
+# errors, the XLA flags train.py starts with), the configs, the storage
+# layer (which gcs_storage.py measures) and the table preparation that
+# train.py runs on a new table (scale.py and gcs_storage.py time it).
+# Everything else of meshfit is free to change without breaking a benchmark.
+ENTRY_POINTS = {
+    'meshfit': None,
+    'meshfit.train.loop': {'train_and_evaluate'},
+    'meshfit.serve.evaluate': {'evaluate'},
+    'meshfit.serve.predict': {'predict'},
+    'meshfit.serve.export': {'export'},
+    'meshfit.config': None,
+    'meshfit.errors': None,
+    'meshfit.parallel': {'xla_flags'},
+    'meshfit.parallel.xla_flags': {'apply'},
+    'configs': None,
+    'storage': None,
+    'input_pipeline.csv_regression': {'prepare'},
+}
+PROJECT = ('meshfit', 'configs', 'storage', 'input_pipeline', 'models')
 
 
-def test_speed_norm_section_reports_both_ways_and_the_one_meshfit_takes():
+def _imports(path: str) -> list[tuple[str, str | None]]:
+  """(module, name) of every project import in a file; name None for
+  `import module`."""
+  with open(path, encoding='utf-8') as f:
+    tree = ast.parse(f.read(), path)
+  found = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      found += [(a.name, None) for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+      found += [(node.module, a.name) for a in node.names]
+  return [(m, n) for m, n in found if m.split('.')[0] in PROJECT]
+
+
+def _allowed(module: str, name: str | None) -> bool:
+  if name is not None and name.startswith('_'):
+    return False
+  if module in ENTRY_POINTS:
+    names = ENTRY_POINTS[module]
+    return name is None or names is None or name in names
+  # A sub-module of configs or storage (configs.default, storage.emulator).
+  return module.split('.')[0] in ('configs', 'storage')
+
+
+def test_benchmarks_reach_meshfit_through_its_entry_points_only():
+  assert len(BENCHMARKS) >= 6  # the suite is here
+  reaching = [f'{os.path.basename(p)}: {m}{"." + n if n else ""}'
+              for p in BENCHMARKS for m, n in _imports(p)
+              if not _allowed(m, n)]
+  assert not reaching, (
+      'these benchmarks import meshfit past its entry points (a refactor '
+      'would break them; drive meshfit through ENTRY_POINTS, or add a '
+      f'documented public hook): {reaching}')
+
+
+def test_the_entry_point_rule_catches_an_internal_import(tmp_path):
+  path = tmp_path / 'bench.py'
+  path.write_text('from meshfit.data import feeding\n'
+                  'from meshfit.train.loop import _train\n'
+                  'from meshfit.train.loop import train_and_evaluate\n'
+                  'import models.mlp\n'
+                  'from configs import default\n'
+                  'import numpy\n')
+  verdicts = {(m, n): _allowed(m, n) for m, n in _imports(str(path))}
+  assert verdicts == {('meshfit.data', 'feeding'): False,
+                      ('meshfit.train.loop', '_train'): False,
+                      ('meshfit.train.loop', 'train_and_evaluate'): True,
+                      ('models.mlp', None): False,
+                      ('configs', 'default'): True}
+
+
+def test_no_benchmark_names_an_issue():
+  for path in BENCHMARKS:
+    with open(path, encoding='utf-8') as f:
+      assert not re.search(r'issue \d', f.read(), re.IGNORECASE), path
+
+
+def _run(script: str, *flags: str, timeout: float = 300) -> str:
+  """A benchmark's stdout, on the process's one CPU device."""
   env = dict(os.environ, NO_GCE_CHECK='true')
-  env.pop('XLA_FLAGS', None)  # the benchmark runs on the process's devices
+  env.pop('XLA_FLAGS', None)
   result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'benchmarks', 'speed.py'),
-       '--sizes=small,medium', '--sections=norm', '--repeats=1',
-       '--seconds=0.05'],
-      capture_output=True, text=True, env=env, timeout=300, check=False)
+      [sys.executable, os.path.join(ROOT, 'benchmarks', script), *flags],
+      capture_output=True, text=True, env=env, timeout=timeout, check=False,
+      cwd=ROOT)
   assert result.returncode == 0, result.stderr[-3000:]
-  rows = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
-          for line in result.stdout.splitlines()
-          if line.startswith(('| small', '| medium'))}
-  assert rows['small'][0] == '4,929' and rows['small'][-1] == 'one reduction'
-  assert rows['medium'][0] == '268,801' and rows['medium'][-1] == 'per leaf'
-  for cells in rows.values():
-    assert float(cells[1].replace(',', '')) > 0
-    assert float(cells[2].replace(',', '')) > 0
+  return result.stdout
 
 
-def test_speed_members_section_reports_each_ensemble_and_its_parts():
-  env = dict(os.environ, NO_GCE_CHECK='true')
-  env.pop('XLA_FLAGS', None)  # the benchmark runs on the process's devices
-  result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'benchmarks', 'speed.py'),
-       '--sections=members', '--members_size=small', '--members=1,8',
-       '--repeats=1', '--seconds=0.05'],
-      capture_output=True, text=True, env=env, timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
+@pytest.mark.slow
+def test_speed_reports_the_loops_side_by_side_and_members_host_share():
+  stdout = _run('speed.py', '--sizes=tiny', '--sections=main,members',
+                '--members=1,2', '--members_size=tiny', '--repeats=1',
+                '--steps=300', '--seconds=0.05', '--matmul_n=256')
   tables = [[[c.strip() for c in line.split('|')[1:-1]] for line in block]
-            for block in _tables(result.stdout)]
-  speed, parts = [t for t in tables if t[0][0] == 'members']
-  assert speed[0] == ['members', 'devices', 'steps/call', 'steps', 'steps/s',
-                      'median', 'model-examples/s', 'x 1 member', 'GFLOP/s',
-                      'of peak', 'cores busy']
-  assert parts[0] == ['members', 'step (us)', 'per member (us)', 'matmuls',
-                      'Adam over SGD', 'input pipeline', 'rest',
-                      'matmul GFLOP/s', 'of peak']
-  assert [row[0] for row in speed[2:]] == ['1', '8']
-  assert [row[0] for row in parts[2:]] == ['1', '8']
-  one, eight = (dict(zip(speed[0], row)) for row in speed[2:])
+            for block in _tables(stdout)]
+  main = next(t for t in tables if t[0][0] == 'variant')
+  members = next(t for t in tables if t[0][0] == 'members')
+  rows = {row[0]: dict(zip(main[0], row)) for row in main[2:]}
+  assert {'meshfit', 'meshfit, 1 step per call', 'jit', 'pmap'} <= set(rows)
+  for row in rows.values():
+    assert _number(row['steps/s']) > 0
+    # examples/s is tiny's batch of 128 x steps/s.
+    assert _number(row['examples/s']) == pytest.approx(
+        128 * _number(row['steps/s']), rel=0.01)
+  assert rows['jit']['x jit'] == '1.00x'
+  assert members[0] == ['members', 'devices', 'steps', 'steps/s', 'median',
+                        'model-examples/s', 'x 1 member', 'GFLOP/s',
+                        'of peak', 'cores busy', 'host us/step',
+                        'device us/step', 'host share']
+  one, two = (dict(zip(members[0], row)) for row in members[2:])
+  assert (one['members'], two['members']) == ('1', '2')
   assert one['x 1 member'] == '1.00x'
-  for row in (one, eight):
-    assert row['steps/call'] == '100'  # the small model's calls, 1 or 8
-    assert row['devices'] == '1'
-    for column in ('steps/s', 'model-examples/s', 'GFLOP/s', 'cores busy'):
-      assert _number(row[column]) > 0, (column, row)
-  # model-examples/s is members x batch x steps/s.
-  assert _number(eight['model-examples/s']) == pytest.approx(
-      8 * 256 * _number(eight['steps/s']), rel=0.01)
-  assert float(eight['x 1 member'].rstrip('x')) == pytest.approx(
-      _number(eight['model-examples/s']) / _number(one['model-examples/s']),
-      abs=0.01)
-  for row in parts[2:]:
-    cells = dict(zip(parts[0], row))
-    assert _number(cells['step (us)']) > 0
-    assert _number(cells['matmuls'].split()[0]) > 0
-    assert _number(cells['input pipeline'].split()[0]) > 0
-    assert _number(cells['matmul GFLOP/s']) > 0
+  assert _number(two['model-examples/s']) == pytest.approx(
+      2 * 128 * _number(two['steps/s']), rel=0.01)
+  for row in (one, two):
+    assert _number(row['host us/step']) > 0
+    assert _number(row['device us/step']) >= 0
+    assert 0 <= _number(row['host share']) <= 100
+
+
+@pytest.mark.slow
+def test_scale_prepares_a_table_with_one_and_two_processes(tmp_path):
+  stdout = _run('scale.py', '--rows=30000', '--sections=prepare',
+                f'--workroot={tmp_path}')
+  (prepare,) = [[[c.strip() for c in line.split('|')[1:-1]]
+                 for line in block] for block in _tables(stdout)]
+  assert prepare[2][0] == '0.03M' and len(prepare) == 3
+  for cell in prepare[2][1:]:
+    assert float(cell) > 0
+  assert len(os.listdir(tmp_path / '30000' / 'files')) == 9  # 8 + eval
+
+
+@pytest.mark.slow
+def test_gcs_storage_reads_and_prepares_on_both_sides():
+  stdout = _run('gcs_storage.py', '--rows=20000', '--sections=read,prepare',
+                '--repeats=1')
+  (table,) = [[[c.strip() for c in line.split('|')[1:-1]] for line in block]
+              for block in _tables(stdout)]
+  assert table[0] == ['what', 'local disk', 'emulator', 'emulator/local']
+  assert [row[0] for row in table[2:]] == [
+      'prepare, gs files, rows/s', 'prepare, gs files and data_dir, rows/s',
+      'Parquet table, rows/s', 'float32 blocks, rows/s']
+  for row in table[2:]:
+    assert all(_number(c) > 0 for c in row[1:])
 
 
 def _tables(text: str) -> list[list[str]]:
@@ -90,38 +182,6 @@ def _tables(text: str) -> list[list[str]]:
 def _number(cell: str) -> float:
   return float(cell.replace(',', '').rstrip('%x'))
 
-
-def test_member_forms_reports_both_forms_against_one_model():
-  env = dict(os.environ, NO_GCE_CHECK='true')
-  env.pop('XLA_FLAGS', None)
-  result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'benchmarks', 'member_forms.py'),
-       '--members=1,4', '--hidden=8', '--batch=16', '--seconds=0.05'],
-      capture_output=True, text=True, env=env, timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  rows = {line.split('|')[1].strip(): [c.strip() for c in line.split('|')[2:-1]]
-          for line in result.stdout.splitlines() if line.startswith('| ')}
-  assert set(rows) == {'members', '1', '4'}
-  assert rows['1'][2] == '1.00x'  # one independent model against itself
-  for cells in (rows['1'], rows['4']):
-    assert float(cells[0].removesuffix('M')) > 0
-    assert float(cells[1].removesuffix('M')) > 0
-
-
-def test_matmul_isa_section_measures_both_instructions_or_says_why_not():
-  result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'benchmarks', 'matmul.py'),
-       '--sections=isa', '--rounds=1'],
-      capture_output=True, text=True, timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  if 'skipped: ' in result.stdout:  # no C compiler, or no AVX512_BF16
-    return
-  rows = [[c.strip() for c in line.split('|')[1:-1]]
-          for line in result.stdout.splitlines() if ' at once |' in line]
-  assert [r[1] for r in rows][:2] == ['sum', 'process 0']
-  for row in rows:
-    assert float(row[2]) > 0 and float(row[3]) > 0
-    assert row[4].endswith('x')
 
 
 def _tables_data_dir(root) -> str:
@@ -147,6 +207,7 @@ def _tables_data_dir(root) -> str:
   return str(root)
 
 
+@pytest.mark.slow
 def test_tables_benchmark_reports_meshfit_beside_refs_and_refusals(tmp_path):
   # --skip_refs never imports scikit-learn, which this venv lacks.
   data_dir = _tables_data_dir(tmp_path / 'tables')
@@ -191,26 +252,6 @@ def test_tables_benchmark_reports_meshfit_beside_refs_and_refusals(tmp_path):
   assert saved['meshfit_args'] == ['--config.num_train_steps=1000',
                                    '--config.eval_every_steps=1000']
   assert saved['commit']
-
-
-def test_scale_benchmark_prepares_and_streams_a_small_table(tmp_path):
-  env = dict(os.environ, NO_GCE_CHECK='true')
-  env.pop('XLA_FLAGS', None)
-  result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'benchmarks', 'scale.py'),
-       '--rows=30000', '--sections=prepare,input', '--input_seconds=0.5',
-       f'--workroot={tmp_path}'],
-      capture_output=True, text=True, env=env, timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  tables = [[[c.strip() for c in line.split('|')[1:-1]] for line in block]
-            for block in _tables(result.stdout)]
-  prepare, feed = tables
-  assert prepare[2][0] == '0.03M' and len(prepare) == 3
-  for cell in prepare[2][1:]:
-    assert float(cell) > 0
-  assert [row[1] for row in feed[2:]] == ['1', '2']
-  assert all(float(row[2].rstrip('M')) > 0 for row in feed[2:])
-  assert len(os.listdir(tmp_path / '30000' / 'files')) == 9  # 8 + eval
 
 
 def _table_scores():
@@ -264,177 +305,3 @@ def test_interval_report_counts_splits_per_reference():
                       ['splits in all', '1 / 1 / 0', '1 / 0 / 1',
                        '1 / 1 / 0', '1 / 0 / 0', '1 / 0 / 0']]
   assert tables.interval_report({'b': results['b']}) == ''
-
-
-def test_early_stopping_reads_a_patience_as_the_best_tracker_stops():
-  import early_stopping  # noqa: PLC0415  (benchmarks/ is on the path)
-  from meshfit.train.validation import BestTracker  # noqa: PLC0415
-  losses = [1.0, 0.8, 0.9, 0.85, 0.7, 0.75, 0.76, 0.77, 0.71, 0.72]
-  for patience in (1, 2, 3, 4, 20):
-    tracker, stop = BestTracker(patience), len(losses) - 1
-    for i, loss in enumerate(losses):
-      tracker.update(i + 1, loss)
-      if tracker.stopped:
-        stop = i
-        break
-    assert early_stopping.stopped(losses, patience) == (
-        stop, tracker.best_step - 1), patience
-
-
-def _early_stopping(tmp_path, records, *flags: str) -> str:
-  """early_stopping.py's output on one run (table/0, a 400-step cap) of
-  these metrics records."""
-  workdir = tmp_path / 'runs' / 'table' / '0' / 'workdir'
-  workdir.mkdir(parents=True)
-  (workdir / 'config.json').write_text(json.dumps({'num_train_steps': 400}))
-  (workdir / 'metrics.jsonl').write_text(
-      ''.join(json.dumps(r) + '\n' for r in records))
-  result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'benchmarks', 'early_stopping.py'),
-       f'--runs={tmp_path}', *flags],
-      capture_output=True, text=True, timeout=120, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  return result.stdout
-
-
-def test_early_stopping_lengths_reads_each_runs_cap_stop_and_best(tmp_path):
-  records = [{'step': 10 * i, 'train/loss': 1.0} for i in range(1, 4)] + [
-      {'step': 10 * i, 'val/loss': loss}
-      for i, loss in enumerate([0.9, 0.5, 0.5, 0.7], start=1)]
-  row = next(line for line in _early_stopping(
-      tmp_path, records, '--lengths').splitlines()
-             if line.startswith('| table/0'))
-  # The first of equal losses is the best, as BestTracker keeps it.
-  assert [c.strip() for c in row.split('|')[1:-1]] == [
-      'table/0', '400', '40', '20', '0.05']
-
-
-def test_early_stopping_reads_patiences_off_runs_that_scored_the_eval_file_once(
-    tmp_path):
-  # The default runs: validation losses at every evaluation, no eval RMSE.
-  records = [{'step': 10 * i, 'val/loss': loss}
-             for i, loss in enumerate([0.9, 0.6, 0.7, 0.5], start=1)]
-  stdout = _early_stopping(tmp_path, records, '--patiences=1,3')
-  rows = {cells[0]: cells[1:] for cells in (
-      [c.strip() for c in line.split('|')[1:-1]]
-      for line in stdout.splitlines() if line.startswith('| '))}
-  # Patience 1 stops at step 30 with step 20's 0.6 for step 40's 0.5.
-  assert rows['1'] == ['1.2000', '1.200', '', '', '', '0.75', '1']
-  assert rows['3'] == ['1.0000', '1.000', '', '', '', '1.00', '0']
-  assert 'table/0 (20 for 40: val 1.200x)' in stdout
-
-
-def test_first_minute_big_section_reports_each_run_and_its_memory(tmp_path):
-  # A table small enough to be held in memory in both runs (of the three:
-  # the streamed, prepared one is left out for the suite's time).
-  env = dict(os.environ, NO_GCE_CHECK='true')
-  env.pop('XLA_FLAGS', None)
-  result = subprocess.run(
-      [sys.executable, os.path.join(ROOT, 'benchmarks', 'first_minute.py'),
-       '--sections=big', '--big_rows=4000', '--big_runs=cold,resident',
-       f'--big_root={tmp_path / "tables"}'],
-      capture_output=True, text=True, env=env, timeout=300, check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
-  rows = [[c.strip() for c in line.split('|')[1:-1]]
-          for line in result.stdout.splitlines()
-          if line.startswith(('| cold', '| prepared'))]
-  assert [r[:3] for r in rows] == [['cold', '256', 'gathered on device'],
-                                   ['prepared', '4096', 'gathered on device']]
-  for row in rows:
-    assert float(row[3]) > 0
-    assert all(0.1 < float(g) < 8 for g in row[4].split(' / '))
-    assert row[5].startswith('Sized to the 3200 training rows')
-
-
-def test_error_rows_scores_with_and_without_rows_and_finds_the_gap():
-  import table_scores  # noqa: PLC0415  (benchmarks/ is on the path)
-  y = np.array([1.0, 2.0, 3.0, 10.0])
-  # meshfit is better on every row but the last, where it is far off.
-  predictions = {'meshfit': np.array([1.1, 2.1, 2.9, 16.0]),
-                 'catboost': np.array([1.5, 2.5, 3.5, 11.0])}
-  kept = np.array([True, True, True, False])
-  rows = [[c.strip() for c in line.split('|')[1:-1]] for line in
-          table_scores.score_table({'0': (predictions, y, kept)}, 'catboost',
-                                 excluding=True).splitlines()]
-  assert rows[0] == ['model', 'split 0', 'split 0 kept', 'x CatBoost',
-                     'x CatBoost, kept']
-  # RMSE sqrt((3 * 0.01 + 36) / 4) over all rows, 0.1 over the kept ones.
-  assert rows[2] == ['meshfit', '3.001', '0.1000', '4.537', '0.200']
-  assert rows[3] == ['CatBoost', '0.6614', '0.5000', '1.000', '1.000']
-  # The last row holds more than all of meshfit's excess (the others give
-  # some back): 36 - 1 of 3 * (0.01 - 0.25) + 35 = 34.28.
-  (row, share), = table_scores.excess_rows(predictions, y, 'catboost', top=1)
-  assert row == 3 and share == pytest.approx(35.0 / 34.28)
-  # No excess at all: no share to give.
-  _, share = table_scores.excess_rows(
-      {'meshfit': y, 'catboost': y + 1}, y, 'catboost', top=1)[0]
-  assert np.isnan(share)
-
-
-def test_log_target_carves_a_holdout_from_the_train_file_and_reads_back(
-    tmp_path):
-  # table_scores, not log_target: log_target imports tables.py's flags,
-  # which another benchmark's test has defined already (--data_dir).
-  scores = _table_scores()
-  rng = np.random.default_rng(0)
-  frame = pd.DataFrame({'x': rng.normal(size=50),
-                        'y': np.exp(rng.normal(size=50))})
-  frame.loc[3, 'y'] = np.nan  # a row without a target is left out
-  train = tmp_path / 'train.csv'
-  frame.to_csv(train, index=False)
-  paths = scores.carve_holdout(str(train), 'y', '1', str(tmp_path / 'files'))
-  fit, holdout = pd.read_csv(paths['fit']), pd.read_csv(paths['holdout'])
-  assert (len(fit), len(holdout)) == (39, 10)
-  kept = frame.dropna().round(12)
-  assert sorted(pd.concat([fit, holdout])['y'].round(12)) == sorted(kept['y'])
-  assert not set(fit['x'].round(12)) & set(holdout['x'].round(12))
-  np.testing.assert_allclose(pd.read_csv(paths['fit_log'])['y'],
-                             np.log(fit['y']), rtol=1e-12)
-  np.testing.assert_allclose(pd.read_csv(paths['holdout_log'])['x'],
-                             holdout['x'])
-  # The same split seeds the same holdout; another split another.
-  again = scores.carve_holdout(str(train), 'y', '1', str(tmp_path / 'again'))
-  assert pd.read_csv(again['holdout']).equals(holdout)
-  other = scores.carve_holdout(str(train), 'y', '0', str(tmp_path / 'other'))
-  assert not pd.read_csv(other['holdout']).equals(holdout)
-  frame.loc[0, 'y'] = 0.0
-  frame.to_csv(train, index=False)
-  assert scores.carve_holdout(str(train), 'y', '0', str(tmp_path / 'no')) is None
-
-  truth = np.array([1.0, 2.0, 4.0])
-  got = scores.log_scores(truth, raw=truth + 1, logged=np.log(truth),
-                          log_mse=0.5)
-  assert got['raw'] == pytest.approx(1.0)
-  assert got['log_median'] == pytest.approx(0.0)
-  # The mean of a lognormal: exp(mu + s^2 / 2), above its median.
-  factor = np.exp(0.25) - 1
-  assert got['log_mean'] == pytest.approx(
-      factor * np.sqrt(np.mean(truth**2)))
-
-
-def test_step_profile_names_each_op_by_the_part_of_the_model_it_runs():
-  import step_profile  # noqa: PLC0415  (benchmarks/ is on the path)
-  ops = step_profile.read_ops('\n'.join([
-      '  %dot.65 = f32[5,54,16,128]{3,2,1,0} dot(%a, %b), metadata={op_name='
-      '"jit(train_call)/while/body/vmap(jvp(number_embedding))/bnk,nkd->bnd'
-      '/dot_general" stack_frame_id=39}',
-      '  %ynn_fusion.6 = f32[5,128,918]{2,1,0} fusion(%c, %d), kind=kCustom, '
-      'metadata={op_name="jit(train_call)/while/body/vmap(transpose(jvp('
-      'hidden_0)))/dot_general"}',
-      '  ROOT %wrapped_multiply.6 = f32[5,918,128]{2,1,0} fusion(%e), '
-      'metadata={op_name="jit(train_call)/while/body/vmap(optimizer)/mul"}',
-      '  %copy.3 = f32[4]{0} copy(%f)',
-      # The innermost scope names the op.
-      '  %x.1 = f32[2]{0} add(%g, %h), metadata={op_name="jit(train_call)/'
-      'while/body/batch/vmap(jvp(hidden_2))/add"}']))
-  assert {name: (op.shape, op.part) for name, op in ops.items()} == {
-      'dot.65': ('f32[5,54,16,128]', 'number_embedding'),
-      'ynn_fusion.6': ('f32[5,128,918]', 'hidden_0'),
-      'wrapped_multiply.6': ('f32[5,918,128]', 'optimizer'),
-      'copy.3': ('f32[4]', 'other'), 'x.1': ('f32[2]', 'hidden_2')}
-  ms = {'dot.65': 6.0, 'ynn_fusion.6': 2.0, 'wrapped_multiply.6': 1.0,
-        'copy.3': 1.0, 'unknown.1': 2.0}
-  assert step_profile.part_rows(ms, ops, steps=2) == [
-      ['number_embedding', '3.000', '50%'], ['hidden_0', '1.000', '17%'],
-      ['optimizer', '0.500', '8%'], ['other', '1.500', '25%'],
-      ['all', '6.000', '100%']]

@@ -254,7 +254,7 @@ def test_members_on_their_own_devices_exchange_nothing_while_they_train(
   assert any(c in hlo for c in collectives)
   # Each part of the step names its ops, forward and gradient, in the
   # program given to XLA (whose fusions then carry their root's name), for a
-  # profile to be read by (benchmarks/step_profile.py).
+  # profile to be read by (config.profile_start_step's trace).
   names = ' '.join(re.findall(r'loc\("([^"]*)"', lowered.as_text(
       debug_info=True)))
   for part in ('batch', 'hidden_0', 'hidden_1', 'head', 'loss', 'optimizer'):

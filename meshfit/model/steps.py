@@ -40,8 +40,8 @@ def encode(stats: FeatureStats, layout: InputLayout, batch: Batch) -> Batch:
 
 # Up to this many elements, `global_norm` of unpartitioned leaves is one
 # reduction over their concatenation. XLA:CPU runs that fusion slowly per
-# element, so beyond it a kernel per leaf wins (`benchmarks/speed.py
-# --sections=norm` measures both; docs/performance.md has the crossover).
+# element, so beyond it a kernel per leaf wins (docs/performance.md has the
+# crossover and how it was measured).
 ONE_REDUCTION_MAX_ELEMENTS = 1 << 16
 
 
