@@ -112,16 +112,17 @@ def config_dict(settings: Iterable[Setting]) -> ml_collections.ConfigDict:
 
 
 def is_int(value: Any) -> bool:
+  """An int, and not a bool (which Python counts as one)."""
   return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_number(value: Any) -> bool:
+  """A finite int or float, and not a bool."""
   return (isinstance(value, (int, float)) and not isinstance(value, bool)
           and math.isfinite(value))
 
 
-def must(ok: Callable[[Any], bool], values: str,
-          why: str = '') -> Check:
+def must(ok: Callable[[Any], bool], values: str, why: str = '') -> Check:
   """A check whose message is 'key=value must be <values><why>'."""
   return Check(lambda key, value: None if ok(value) else
                f'{key}={value!r} must be {values}{why}', values)

@@ -1,4 +1,5 @@
-"""meshfit.config.with_overrides: dotted keys set as --config.KEY=VALUE sets them."""
+"""meshfit.config.with_overrides: dotted keys, set as --config.KEY=VALUE
+sets them."""
 
 import pathlib
 import sys
