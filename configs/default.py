@@ -100,7 +100,7 @@ SETTINGS = (
             'rows every run. 0: no validation.',
             must(_is_validation, '0 (no validation), a fraction in (0, 1) '
                  'of the training rows to hold out, or a number of folds '
-                 '>= 2 to cross-fit'), type=float,
+                 '>= 2 to cross-fit'),
             formerly=('dataset.validation_fraction',
                       'dataset.validation_folds')),
     Setting('dataset.prefetch_batches', 2,
