@@ -17,7 +17,7 @@ One run per split, its hyperparameters chosen inside it: a Gaussian ensemble
 (`model.likelihood='gaussian'`) whose members take the grid of learning rate
 x weight decay in turn (`sweep`), `--seeds` members per grid point, trained
 as one program. meshfit holds out a seeded `--holdout` of the split's
-training rows (`dataset.validation_fraction`), scores every member on them
+training rows (a fraction in `dataset.validation`), scores every member on them
 at each of `--evals_per_run` evaluations, and keeps the greedy ensemble
 (Caruana et al. 2004) of the step with the best validation NLL, stopping
 after `--patience` evaluations without a better one. That model, chosen on
@@ -201,8 +201,7 @@ def config_for(data: UciData, i: int, search: Search, scratch: str,
   config.dataset.target_columns = ('y',)
   # The protocol's inputs: numbers standardised, fed as they are.
   config.dataset.numeric_scaling = 'standardize'
-  config.dataset.validation_fraction = search.holdout
-  config.dataset.validation_folds = 0
+  config.dataset.validation = search.holdout
   config.model.hidden_sizes = (data.n_hidden,)
   config.model.activation = 'relu'
   config.model.numeric_embedding = 'none'

@@ -379,7 +379,7 @@ def _train_and_predict(tmp_path, frame: pd.DataFrame, name: str):
   config = _config(tmp_path, path, '', targets=('y',),
                    **{'num_train_steps': 40, 'eval_every_steps': 20,
                       'model.ensemble_size': 2,
-                      'dataset.validation_folds': 2})
+                      'dataset.validation': 2.0})
   workdir = str(tmp_path / 'run')
   final = loop.train_and_evaluate(config, workdir)
   predict.predict(config, workdir, path, str(tmp_path / 'pred.csv'))
@@ -430,7 +430,7 @@ def test_a_constant_target_writes_valid_json_and_is_warned_of(
                    targets=('y',), **{'num_train_steps': 20,
                                       'eval_every_steps': 10,
                                       'model.ensemble_size': 2,
-                                      'dataset.validation_folds': 2})
+                                      'dataset.validation': 2.0})
   workdir = tmp_path / 'run'
   loop.train_and_evaluate(config, str(workdir))
   assert "target 'y' holds 5 in every training row" in absl_caplog.text

@@ -67,7 +67,7 @@ def test_one_sweep_per_split_chooses_on_training_rows_and_tests_once(
   config = call['config']
   # meshfit holds the validation rows out of the training file itself, so
   # the members and the step are chosen on training rows only.
-  assert config.dataset.validation_fraction == 0.2
+  assert config.dataset.validation == 0.2
   assert config.model.ensemble_size == 12
   assert config.sweep.learning_rates == (0.01, 0.1)
   assert config.sweep.weight_decays == (0.0, 0.5)
