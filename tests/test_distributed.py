@@ -145,6 +145,26 @@ def test_a_slurm_job_of_one_task_is_one_process(slurm_task):
   assert distributed.resolve(_options(**_NO_FLAGS)) is None
 
 
+def test_a_kubernetes_pod_of_no_job_is_one_process(no_scheduler):
+  from jax._src.clusters import k8s_cluster  # noqa: PLC0415
+
+  def no_job():
+    raise KeyError('job-name')  # what jax meets in the pod's labels
+
+  no_scheduler.setattr(k8s_cluster.K8sCluster, 'is_env_present',
+                       classmethod(lambda cls: True))
+  no_scheduler.setattr(k8s_cluster.K8sCluster, 'get_process_count', no_job)
+  assert distributed.find_scheduler() is k8s_cluster.K8sCluster
+  assert distributed.resolve(_options(**_NO_FLAGS)) is None
+
+
+def test_a_scheduler_that_cannot_say_is_a_usage_error(slurm_task):
+  slurm_task.setenv('SLURM_NTASKS', 'two')
+  with pytest.raises(UsageError, match=r"^SLURM describes this process's "
+                     r'job, but jax cannot read it: .*two'):
+    distributed.resolve(_options(**_NO_FLAGS))
+
+
 def test_a_rank_out_of_range_is_a_usage_error(slurm_task):
   slurm_task.setenv('SLURM_PROCID', '2')
   with pytest.raises(UsageError, match=r'SLURM job 4242 makes this process '

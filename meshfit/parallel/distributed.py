@@ -157,8 +157,19 @@ def find_scheduler() -> type | None:
     from jax._src import clusters  # noqa: PLC0415
   except ImportError:
     return None
-  return next((env for env in clusters.ClusterEnv._cluster_types  # noqa: SLF001
-               if not env.opt_in_only_method and env.is_env_present()), None)
+  for env in clusters.ClusterEnv._cluster_types:  # noqa: SLF001
+    if env.opt_in_only_method:
+      continue
+    try:
+      if env.is_env_present():
+        return env
+    except Exception as e:  # noqa: BLE001 (any scheduler's failure to say)
+      name = _SCHEDULERS.get(env.__name__, (env.__name__, ()))[0]
+      raise UsageError(
+          f'{name} seems to have started this process, but jax cannot read '
+          f'its job: {e}; give --coordinator_address, --num_processes and '
+          '--process_id, or --num_processes=1 to run alone') from e
+  return None
 
 
 def _described_by(env: type) -> str:
@@ -203,7 +214,14 @@ def resolve(options: Options) -> Job | None:
   name, variables = _SCHEDULERS.get(env.__name__, (env.__name__, ()))
   described_by = _described_by(env)
   try:
-    num_processes = options.num_processes or env.get_process_count()
+    try:
+      num_processes = options.num_processes or env.get_process_count()
+    except KeyError:
+      if env.__name__ != 'K8sCluster':
+        raise
+      # A pod of a Deployment or a bare pod: no Job, so no other processes.
+      logging.info('This Kubernetes pod belongs to no Job: running alone.')
+      return None
     if num_processes == 1:
       logging.info('%s has one process: running alone.', described_by)
       return None
