@@ -34,6 +34,7 @@ EXIT_BOUND_S = HEARTBEAT_TIMEOUT_S + 5
 # is killed mid-run. A constant learning rate keeps the 1 x 8 reference
 # comparable step by step.
 OVERRIDES = {
+    'dataset.name': 'synthetic_regression/linear',
     'num_train_steps': 120,
     'model.hidden_sizes': (16,),
     'optimizer.schedule': 'constant',

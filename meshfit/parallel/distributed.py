@@ -200,28 +200,35 @@ def resolve(options: Options) -> Job | None:
                options.process_id, 'the job of the flags')
   env = find_scheduler()
   if env is None:
-    missing = [name for name, value in (
-        ('--coordinator_address', options.coordinator_address),
-        ('--num_processes', options.num_processes),
-        ('--process_id', options.process_id)) if value is None]
-    if len(missing) == 3:
-      return None
+    _require_every_flag(options)
+    return None
+  return _scheduled_job(env, options)
+
+
+def _require_every_flag(options: Options) -> None:
+  """Without a scheduler, the flags say all of the job or none of it."""
+  missing = [name for name, value in (
+      ('--coordinator_address', options.coordinator_address),
+      ('--num_processes', options.num_processes),
+      ('--process_id', options.process_id)) if value is None]
+  if 0 < len(missing) < 3:
     raise UsageError(
         f'{", ".join(missing)} missing: give --coordinator_address=HOST:PORT, '
         '--num_processes=N and --process_id=I together (or none of them '
         'under SLURM, Open MPI, Kubernetes or on a Cloud TPU VM, which say '
         'them, or for a single process)')
+
+
+def _scheduled_job(env: type, options: Options) -> Job | None:
+  """The job a scheduler's environment describes, the flags given over it.
+
+  Returns:
+    The job, or None for a job of one process.
+  """
   name, variables = _SCHEDULERS.get(env.__name__, (env.__name__, ()))
   described_by = _described_by(env)
   try:
-    try:
-      num_processes = options.num_processes or env.get_process_count()
-    except KeyError:
-      if env.__name__ != 'K8sCluster':
-        raise
-      # A pod of a Deployment or a bare pod: no Job, so no other processes.
-      logging.info('This Kubernetes pod belongs to no Job: running alone.')
-      return None
+    num_processes = options.num_processes or _process_count(env)
     if num_processes == 1:
       logging.info('%s has one process: running alone.', described_by)
       return None
@@ -240,11 +247,21 @@ def resolve(options: Options) -> Job | None:
     raise UsageError(
         f'{described_by} makes this process number {process_id} of '
         f'{num_processes}{f" ({said})" if said else ""}, out of '
-        f'0..{num_processes - 1}: the '
-        "scheduler's variables were changed by hand or come from another "
-        'job; start the processes through the scheduler')
+        f'0..{num_processes - 1}: the scheduler\'s variables were changed '
+        'by hand or come from another job; start the processes through the '
+        'scheduler')
   _check_address(address, f"{name}'s coordinator address ")
   return Job(address, num_processes, process_id, described_by)
+
+
+def _process_count(env: type) -> int:
+  try:
+    return env.get_process_count()
+  except KeyError:
+    if env.__name__ != 'K8sCluster':
+      raise
+    # A pod of a Deployment, or a bare pod: no Job, so no other processes.
+    return 1
 
 
 def initialize(options: Options,
