@@ -58,6 +58,17 @@ def _free_port(lo: int = 20000, hi: int = 60000) -> int:
   raise RuntimeError(f'no free port in {lo}..{hi}')
 
 
+def _node_name() -> str:
+  """This host's name where it resolves, else localhost: jax takes the
+  coordinator's address from the node's name."""
+  host = socket.gethostname()
+  try:
+    socket.gethostbyname(host)
+  except OSError:
+    return 'localhost'
+  return host
+
+
 class Cluster:
   """The running cluster: its directory and the environment of its clients.
 
@@ -77,7 +88,7 @@ class Cluster:
     os.chmod(directory, 0o700)  # munged refuses a key others could read
     for sub in ('state', 'spool'):
       os.makedirs(os.path.join(directory, sub))
-    host = socket.gethostname()
+    host = _node_name()
     with open(CONFIG, encoding='utf-8') as f:
       config = f.read().format(
           host=host, dir=directory, cpus=cpus,

@@ -139,6 +139,16 @@ def test_flags_override_the_scheduler(slurm_task):
       '127.0.0.1:1234', 2, 1, 'the job of the flags')
 
 
+def test_a_batch_script_without_srun_runs_alone_and_says_so(slurm_task,
+                                                           absl_caplog):
+  # What sbatch sets for the script itself: no step, so no node list.
+  slurm_task.delenv('SLURM_STEP_NODELIST')
+  slurm_task.setenv('SLURM_PROCID', '0')
+  assert distributed.resolve(_options(**_NO_FLAGS)) is None
+  assert ('SLURM job 4242 has 2 tasks, but this process was not started by '
+          'srun: it runs alone.') in absl_caplog.text
+
+
 def test_a_slurm_job_of_one_task_is_one_process(slurm_task):
   slurm_task.setenv('SLURM_NTASKS', '1')
   slurm_task.setenv('SLURM_PROCID', '0')

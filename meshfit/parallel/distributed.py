@@ -201,8 +201,22 @@ def resolve(options: Options) -> Job | None:
   env = find_scheduler()
   if env is None:
     _require_every_flag(options)
+    _warn_outside_srun()
     return None
   return _scheduled_job(env, options)
+
+
+def _warn_outside_srun() -> None:
+  """Says so when a SLURM batch script of several tasks ran train.py itself:
+  only srun's tasks (steps) carry the variables that join them."""
+  tasks = os.environ.get('SLURM_NTASKS', '1')
+  if ('SLURM_JOB_ID' in os.environ and 'SLURM_STEP_NODELIST' not in
+      os.environ and tasks.isdigit() and int(tasks) > 1):
+    logging.warning(
+        'SLURM job %s has %s tasks, but this process was not started by '
+        'srun: it runs alone. Start train.py with `srun python train.py ...` '
+        'to run it as one job over all of them.',
+        os.environ['SLURM_JOB_ID'], tasks)
 
 
 def _require_every_flag(options: Options) -> None:
