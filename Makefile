@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export NO_GCE_CHECK := true
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: train test test-fast bench-setup requirements-check clean
+.PHONY: train test test-fast bench-setup requirements-check slurm-setup clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ train: $(VENV)/.installed
 
 # The whole suite: what CI runs.
 test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -rs tests
 
 # Unit tests only: no training run, no subprocess of train.py (tests marked
 # slow are left out).
@@ -38,6 +38,18 @@ bench-setup: $(VENV)/.bench-installed
 requirements-check: $(VENV)/.installed
 	$(VENV)/bin/pip install --quiet --dry-run --ignore-installed \
 	    -r requirements.txt -r requirements-bench.txt
+
+# What tests/test_slurm.py runs a one-node SLURM cluster with: Debian's
+# slurmctld, slurmd, slurm-client and munge (as root; nothing to do when they
+# are installed). The cluster itself is the tests' own (tests/slurm/).
+SLURM_PROGRAMS := munged slurmctld slurmd sbatch scontrol sinfo
+slurm-setup:
+	@for p in $(SLURM_PROGRAMS); do command -v $$p >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install \
+	    -y -qq --no-install-recommends slurmctld slurmd slurm-client munge \
+	    >/dev/null; \
+	fi
 
 clean:
 	rm -rf $(VENV) runs

@@ -116,14 +116,15 @@ flags.DEFINE_bool('verbose', False, 'Also log every log step\'s scalars as '
                   'and, in a multi-host job, the INFO lines of processes '
                   'other than 0 (which otherwise show warnings and errors '
                   'only).')
-# Multi-host (README.md "Multi-host"): automatic on Cloud TPU VMs; elsewhere
-# every process gets the same address and count and its own id. The timeouts
+# Multi-host (docs/multihost.md): automatic under SLURM, Open MPI, Kubernetes
+# and on Cloud TPU VMs; elsewhere every process gets the same address and
+# count and its own id, and any of them overrides the scheduler's. The timeouts
 # are jax.distributed's defaults: a pod's hosts may start minutes apart, and a
 # slow host is not a dead one.
 flags.DEFINE_string('coordinator_address', None, 'HOST:PORT of process 0, '
                     'where the coordination service listens (multi-host).')
 flags.DEFINE_integer('num_processes', None, 'Processes in the job '
-                     '(multi-host).')
+                     '(multi-host); 1 runs alone even under a scheduler.')
 flags.DEFINE_integer('process_id', None, 'This process, 0..num_processes-1 '
                      '(multi-host).')
 flags.DEFINE_integer('heartbeat_timeout_seconds', 100, 'A process silent for '

@@ -8,12 +8,14 @@ job runs once per module and several tests read it.
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -75,26 +77,70 @@ def _sigint_deliverable():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+# A scheduler's variables for process i of n (its coordinator on `port`),
+# in place of the coordinator flags.
+Scheduler = Callable[[int, int, int], dict[str, str]]
+
+
+def slurm_variables(i: int, n: int, port: int) -> dict[str, str]:
+  """What srun sets for task i of n on this host (jax takes the port from
+  the job id)."""
+  return {'SLURM_JOB_ID': str(port - 61440 + 4096),
+          'SLURM_STEP_NODELIST': '127.0.0.1', 'SLURM_NTASKS': str(n),
+          'SLURM_PROCID': str(i), 'SLURM_LOCALID': str(i)}
+
+
+def open_mpi_variables(i: int, n: int, port: int) -> dict[str, str]:
+  """What Open MPI's mpirun sets for rank i of n (jax takes the port from
+  the job id in the launcher's URI)."""
+  job_id = (port - 61440 + 4096) * 4096
+  return {'OMPI_MCA_orte_hnp_uri': f'{job_id}.0;tcp://127.0.0.1:36012',
+          'OMPI_COMM_WORLD_SIZE': str(n), 'OMPI_COMM_WORLD_RANK': str(i),
+          'OMPI_COMM_WORLD_LOCAL_RANK': str(i)}
+
+
+def _free_scheduler_port() -> int:
+  """A free port of the 4096 that jax derives from a job id."""
+  for _ in range(100):
+    port = random.randrange(61440, 65536)
+    with socket.socket() as s:
+      try:
+        s.bind(('', port))
+      except OSError:
+        continue
+    return port
+  raise RuntimeError('no free port in 61440..65535')
+
+
 class Job:
-  """N train.py processes joined through a coordinator on a free port."""
+  """N train.py processes joined through a coordinator on a free port,
+  given by the flags or by a scheduler's variables."""
 
   def __init__(self, logdir: str, num_processes: int,
-               devices_per_process: int, args: list[str]):
+               devices_per_process: int, args: list[str],
+               scheduler: Scheduler | None = None):
     os.makedirs(logdir, exist_ok=True)
-    port = _free_port()
-    env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count='
-               f'{devices_per_process}')
+    port = _free_port() if scheduler is None else _free_scheduler_port()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(('SLURM_', 'OMPI_'))}
+    env['XLA_FLAGS'] = ('--xla_force_host_platform_device_count='
+                        f'{devices_per_process}')
     self.logs = [os.path.join(logdir, f'p{i}.log')
                  for i in range(num_processes)]
     self.procs = []
     with _sigint_deliverable():
       for i, log in enumerate(self.logs):
+        if scheduler is None:
+          join, variables = [f'--coordinator_address=127.0.0.1:{port}',
+                             f'--num_processes={num_processes}',
+                             f'--process_id={i}'], {}
+        else:
+          join, variables = [], scheduler(i, num_processes, port)
         with open(log, 'w', encoding='utf-8') as f:
           self.procs.append(subprocess.Popen(
-              [sys.executable, 'train.py', *args,
-               f'--coordinator_address=127.0.0.1:{port}',
-               f'--num_processes={num_processes}', f'--process_id={i}'],
-              cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT))
+              [sys.executable, 'train.py', *args, *join],
+              cwd=ROOT, env={**env, **variables}, stdout=f,
+              stderr=subprocess.STDOUT))
 
   def log(self, i: int) -> str:
     with open(self.logs[i], encoding='utf-8') as f:
@@ -206,6 +252,41 @@ def test_2x4_logs_the_losses_of_1x8(run_2x4, reference):
                 _scalars(reference, 'eval/rmse'))
 
 
+SCHEDULERS = {'SLURM job ': slurm_variables,
+              'the Open MPI job': open_mpi_variables}
+
+
+@pytest.fixture(scope='module')
+def scheduled(tmp_path_factory, data_dir) -> dict[str, tuple[str, Job]]:
+  """20 steps on 2 x 4 processes joined by a scheduler's variables alone,
+  as srun and mpirun set them (no coordinator flags): for each, the workdir
+  and the job. Both run at once to halve the launch time."""
+  jobs = {}
+  for found, scheduler in SCHEDULERS.items():
+    workdir = str(tmp_path_factory.mktemp('scheduled') / 'run')
+    jobs[found] = workdir, Job(
+        str(tmp_path_factory.mktemp('logs_scheduled')), 2, 4,
+        [f'--workdir={workdir}', *_flags(data_dir, num_train_steps=20)],
+        scheduler)
+  for _, job in jobs.values():
+    job.check()
+  return jobs
+
+
+@pytest.mark.parametrize('found', SCHEDULERS)
+def test_a_schedulers_variables_alone_join_2x4_as_1x8_runs(
+    scheduled, reference, found):
+  workdir, job = scheduled[found]
+  for i in range(2):
+    assert f'[p{i}/2] I' in job.log(i) and (
+        f'] Joined {found}') in job.log(i), job.tails()
+    assert f' as process {i} of 2 (coordinator 127.0.0.1:' in job.log(i)
+  losses = _scalars(workdir, 'train/loss')
+  assert sorted(losses) == [10, 20]
+  _assert_close(losses, {step: loss for step, loss in _scalars(
+      reference, 'train/loss').items() if step <= 20})
+
+
 def test_only_process_0_writes_and_reports(run_2x4):
   workdir, job = run_2x4
   # Each scalar once (_scalars checks), one TensorBoard file, one config.
@@ -215,14 +296,18 @@ def test_only_process_0_writes_and_reports(run_2x4):
   assert os.path.exists(os.path.join(workdir, 'config.json'))
   # Process 0 reports: its lines say who speaks, its progress display gives
   # a line per evaluation; without --verbose, nothing per log step and
-  # nothing from process 1 but warnings and errors.
+  # nothing from process 1 but the line saying it joined, warnings and
+  # errors.
   report = job.log(0)
   assert '[p0/2] I' in report and '[p1/2] ' not in report
   assert 'Done: ' in report and 'train/loss=' not in report
   assert [line.split()[1] for line in report.splitlines()
           if line.startswith('step ')] == ['20/40', '40/40']
   other = job.log(1)
-  assert '[p1/2] I' not in other and 'Done: ' not in other, job.tails()
+  said = [line for line in other.splitlines() if line.startswith('[p1/2] I')]
+  assert len(said) == 1 and '] Joined the job of the flags as process 1 of ' \
+      '2 (coordinator 127.0.0.1:' in said[0], job.tails()
+  assert 'Done: ' not in other, job.tails()
   assert not [line for line in other.splitlines() if line.startswith('step')]
 
 

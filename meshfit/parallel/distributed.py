@@ -1,11 +1,15 @@
 """Joins the processes of one job with `jax.distributed`, before any JAX use.
 
-TPU pods run one process per host, all executing the same program. On a
-Cloud TPU VM the TPU environment describes the topology and
-`jax.distributed.initialize()` finds everything by itself; elsewhere every
+A job runs one process per host (or per accelerator), all executing the
+same program. Where a scheduler started them, its environment says how many
+there are, which one this is and where process 0 runs: jax's own cluster
+detection reads SLURM (`srun`), Open MPI (`mpirun`), Kubernetes Jobs and
+JobSets (with `jax[k8s]`) and Cloud TPU VMs (GCE and GKE). Elsewhere every
 process is started with the same `--coordinator_address=HOST:PORT
---num_processes=N` and its own `--process_id=I`. Without either, the job is a
-single process and nothing is initialised.
+--num_processes=N` and its own `--process_id=I`; under a scheduler any of
+these flags overrides what the environment says, and `--num_processes=1`
+runs a single process whatever the environment. Without a scheduler or the
+flags, the job is a single process and nothing is initialised.
 
 A process that dies must not leave the others waiting forever in a
 collective. The coordination service (hosted by process 0) marks a process
@@ -30,10 +34,23 @@ import jax
 from absl import logging
 
 from meshfit.errors import UsageError
+from meshfit.parallel import rendezvous
 
 # HOST:PORT, where HOST is a name, an IPv4 address or a bracketed IPv6 one.
 _ADDRESS = re.compile(
     r'^(?P<host>\[[0-9A-Fa-f:.]+\]|[^:\s\[\]]+):(?P<port>\d+)$')
+
+# jax's cluster environments by class name: how a person calls the
+# scheduler, and the variables that give this process's id and the count.
+_SCHEDULERS = {
+    'SlurmCluster': ('SLURM', ('SLURM_PROCID', 'SLURM_NTASKS')),
+    'OmpiCluster': ('Open MPI', ('OMPI_COMM_WORLD_RANK',
+                                 'OMPI_COMM_WORLD_SIZE')),
+    'GkeTpuCluster': ('Cloud TPU on GKE', ('TPU_WORKER_ID',
+                                           'TPU_WORKER_HOSTNAMES')),
+    'GceTpuCluster': ('Cloud TPU VM', ()),
+    'K8sCluster': ('Kubernetes', ()),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +59,11 @@ class Options:
 
   Attributes:
     coordinator_address: HOST:PORT of process 0's coordination service, or
-      None: then the TPU environment is asked, and without one the job is a
-      single process.
-    num_processes: processes in the job (with coordinator_address).
-    process_id: this process's index in [0, num_processes).
+      None: the scheduler's environment says it.
+    num_processes: processes in the job, or None (the environment says).
+      1 runs a single process whatever the environment.
+    process_id: this process's index in [0, num_processes), or None (the
+      environment says).
     heartbeat_timeout_seconds: a process silent for this long is dead, and
       the others exit.
     shutdown_timeout_seconds: how long a finished process waits at exit for
@@ -62,41 +80,49 @@ class Options:
 
   @property
   def explicit(self) -> bool:
-    return self.coordinator_address is not None
+    """Whether the flags alone describe the job (all three given)."""
+    return None not in (self.coordinator_address, self.num_processes,
+                        self.process_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """The job this process joins.
+
+  Attributes:
+    coordinator_address: HOST:PORT of process 0's coordination service.
+    num_processes: processes in the job.
+    process_id: this process, in [0, num_processes).
+    described_by: what described it, for messages: 'SLURM job 42', 'the
+      Open MPI job', 'the job of the flags'.
+  """
+  coordinator_address: str
+  num_processes: int
+  process_id: int
+  described_by: str
 
 
 def validate(options: Options) -> None:
-  """Checks the multi-host flags before anything starts.
+  """Checks the multi-host flags that are given, before anything starts.
 
   Raises:
-    UsageError: the flags are incomplete, out of range or malformed.
+    UsageError: a flag is out of range or malformed.
   """
-  given = {'--coordinator_address': options.coordinator_address,
-           '--num_processes': options.num_processes,
-           '--process_id': options.process_id}
-  missing = [name for name, value in given.items() if value is None]
-  if 0 < len(missing) < len(given):
-    raise UsageError(
-        f'{", ".join(missing)} missing: give --coordinator_address=HOST:PORT, '
-        '--num_processes=N and --process_id=I together (or none of them on a '
-        'TPU VM or for a single process)')
-  if options.explicit:
-    if not _ADDRESS.match(options.coordinator_address):
-      raise UsageError(
-          f'--coordinator_address={options.coordinator_address!r} must be '
-          'HOST:PORT, e.g. 10.0.0.2:8476 (the host of process 0)')
-    port = int(_ADDRESS.match(options.coordinator_address)['port'])
-    if not 0 < port < 65536:
-      raise UsageError(f'--coordinator_address port {port} must be in '
-                       '1..65535')
-    if options.num_processes < 1:
-      raise UsageError(f'--num_processes={options.num_processes} must be at '
-                       'least 1')
-    if not 0 <= options.process_id < options.num_processes:
+  if options.coordinator_address is not None:
+    _check_address(options.coordinator_address, '--coordinator_address=')
+  if options.num_processes is not None and options.num_processes < 1:
+    raise UsageError(f'--num_processes={options.num_processes} must be at '
+                     'least 1')
+  if options.process_id is not None:
+    if options.num_processes is not None and not (
+        0 <= options.process_id < options.num_processes):
       raise UsageError(
           f'--process_id={options.process_id} must be in 0..'
           f'{options.num_processes - 1} (one distinct id per process of '
           f'--num_processes={options.num_processes})')
+    if options.process_id < 0:
+      raise UsageError(f'--process_id={options.process_id} must be at least '
+                       '0')
   for name in ('heartbeat_timeout_seconds', 'shutdown_timeout_seconds',
                'initialization_timeout_seconds'):
     if getattr(options, name) < 1:
@@ -104,18 +130,152 @@ def validate(options: Options) -> None:
                        '1 second')
 
 
-def tpu_environment_present() -> bool:
-  """Whether a Cloud TPU VM (GCE or GKE) describes the job's processes.
+def _check_address(address: str, source: str) -> None:
+  """Raises UsageError unless `address` (given by `source`) is HOST:PORT."""
+  match = _ADDRESS.match(address)
+  if not match:
+    raise UsageError(
+        f'{source}{address!r} must be HOST:PORT, e.g. 10.0.0.2:8476 (the '
+        'host of process 0)')
+  if not 0 < int(match['port']) < 65536:
+    raise UsageError(f'{source}{address!r}: port {match["port"]} must be in '
+                     '1..65535')
 
-  jax's own cluster detection answers this; it is private API, so a jax that
-  moved it means "no TPU environment" rather than a crash.
+
+def find_scheduler() -> type | None:
+  """jax's cluster environment that describes this process's job, if any.
+
+  The same search as `jax.distributed.initialize()`: the first environment
+  present, leaving out those jax only uses when asked (mpi4py). The search
+  is private API, so a jax that moved it means "no scheduler" rather than a
+  crash.
+
+  Returns:
+    A `jax._src.clusters.ClusterEnv` subclass, or None.
   """
   try:
-    from jax._src.clusters import cloud_tpu_cluster  # noqa: PLC0415
+    from jax._src import clusters  # noqa: PLC0415
   except ImportError:
-    return False
-  return any(cluster.is_env_present() for cluster in (
-      cloud_tpu_cluster.GceTpuCluster, cloud_tpu_cluster.GkeTpuCluster))
+    return None
+  for env in clusters.ClusterEnv._cluster_types:  # noqa: SLF001
+    if env.opt_in_only_method:
+      continue
+    try:
+      if env.is_env_present():
+        return env
+    except Exception as e:  # noqa: BLE001 (any scheduler's failure to say)
+      name = _SCHEDULERS.get(env.__name__, (env.__name__, ()))[0]
+      raise UsageError(
+          f'{name} seems to have started this process, but jax cannot read '
+          f'its job: {e}; give --coordinator_address, --num_processes and '
+          '--process_id, or --num_processes=1 to run alone') from e
+  return None
+
+
+def _described_by(env: type) -> str:
+  name = _SCHEDULERS.get(env.__name__, (env.__name__, ()))[0]
+  if name == 'SLURM':
+    return f'SLURM job {os.environ.get("SLURM_JOB_ID")}'
+  return f'the {name} job'
+
+
+def resolve(options: Options) -> Job | None:
+  """The job this process belongs to: the flags, over the environment.
+
+  Args:
+    options: the multi-host flags.
+
+  Returns:
+    The job, or None when this process runs alone.
+
+  Raises:
+    UsageError: the flags are invalid or incomplete, or the environment
+      names a job that cannot be joined.
+  """
+  validate(options)
+  if options.num_processes == 1:
+    return None
+  if options.explicit:
+    return Job(options.coordinator_address, options.num_processes,
+               options.process_id, 'the job of the flags')
+  env = find_scheduler()
+  if env is None:
+    _require_every_flag(options)
+    _warn_outside_srun()
+    return None
+  return _scheduled_job(env, options)
+
+
+def _warn_outside_srun() -> None:
+  """Says so when a SLURM batch script of several tasks ran train.py itself:
+  only srun's tasks (steps) carry the variables that join them."""
+  tasks = os.environ.get('SLURM_NTASKS', '1')
+  if ('SLURM_JOB_ID' in os.environ and 'SLURM_STEP_NODELIST' not in
+      os.environ and tasks.isdigit() and int(tasks) > 1):
+    logging.warning(
+        'SLURM job %s has %s tasks, but this process was not started by '
+        'srun: it runs alone. Start train.py with `srun python train.py ...` '
+        'to run it as one job over all of them.',
+        os.environ['SLURM_JOB_ID'], tasks)
+
+
+def _require_every_flag(options: Options) -> None:
+  """Without a scheduler, the flags say all of the job or none of it."""
+  missing = [name for name, value in (
+      ('--coordinator_address', options.coordinator_address),
+      ('--num_processes', options.num_processes),
+      ('--process_id', options.process_id)) if value is None]
+  if 0 < len(missing) < 3:
+    raise UsageError(
+        f'{", ".join(missing)} missing: give --coordinator_address=HOST:PORT, '
+        '--num_processes=N and --process_id=I together (or none of them '
+        'under SLURM, Open MPI, Kubernetes or on a Cloud TPU VM, which say '
+        'them, or for a single process)')
+
+
+def _scheduled_job(env: type, options: Options) -> Job | None:
+  """The job a scheduler's environment describes, the flags given over it.
+
+  Returns:
+    The job, or None for a job of one process.
+  """
+  name, variables = _SCHEDULERS.get(env.__name__, (env.__name__, ()))
+  described_by = _described_by(env)
+  try:
+    num_processes = options.num_processes or _process_count(env)
+    if num_processes == 1:
+      logging.info('%s has one process: running alone.', described_by)
+      return None
+    process_id = (options.process_id if options.process_id is not None
+                  else env.get_process_id())
+    address = options.coordinator_address or env.get_coordinator_address(
+        timeout_secs=options.initialization_timeout_seconds,
+        override_coordinator_port=os.environ.get('JAX_COORDINATOR_PORT'))
+  except Exception as e:  # noqa: BLE001 (any scheduler's failure to say)
+    raise UsageError(
+        f'{name} describes this process\'s job, but jax cannot read it: '
+        f'{e}; give --coordinator_address, --num_processes and --process_id, '
+        'or --num_processes=1 to run alone') from e
+  if not 0 <= process_id < num_processes:
+    said = ', '.join(f'{v}={os.environ.get(v)}' for v in variables)
+    raise UsageError(
+        f'{described_by} makes this process number {process_id} of '
+        f'{num_processes}{f" ({said})" if said else ""}, out of '
+        f'0..{num_processes - 1}: the scheduler\'s variables were changed '
+        'by hand or come from another job; start the processes through the '
+        'scheduler')
+  _check_address(address, f"{name}'s coordinator address ")
+  return Job(address, num_processes, process_id, described_by)
+
+
+def _process_count(env: type) -> int:
+  try:
+    return env.get_process_count()
+  except KeyError:
+    if env.__name__ != 'K8sCluster':
+      raise
+    # A pod of a Deployment, or a bare pod: no Job, so no other processes.
+    return 1
 
 
 def initialize(options: Options,
@@ -123,47 +283,49 @@ def initialize(options: Options,
                ) -> tuple[int, int]:
   """Joins the job, if it has several processes; call before any JAX use.
 
-  Its log lines are tagged `[pI/N] ` from then on.
+  Its log lines are tagged `[pI/N] ` from then on, and each process logs
+  one line saying which job it joined and its place in it.
 
   Args:
     options: the multi-host flags.
-    on_join: called with this process's id once it has joined, before the
-      line saying so (train.py keeps the INFO lines of the processes other
-      than 0 off their consoles).
+    on_join: called with this process's id once it has joined, after the
+      line saying so (train.py keeps the other INFO lines of the processes
+      other than 0 off their consoles).
 
   Returns:
     (process_id, num_processes) of this process.
 
   Raises:
-    UsageError: invalid flags.
+    UsageError: invalid flags, or a job that cannot be joined: a
+      coordinator that never answers, a process that never comes (within
+      `initialization_timeout_seconds`), an id out of range.
   """
-  validate(options)
-  if not options.explicit and not tpu_environment_present():
+  job = resolve(options)
+  if job is None:
     return 0, 1
-  if options.explicit:  # known now: tag jax's own start-up lines too
-    tag_logs(options.process_id, options.num_processes)
+  tag_logs(job.process_id, job.num_processes)  # jax's start-up lines too
+  # jax.distributed aborts the process when a peer never comes; meeting
+  # first turns that into an error a person can act on.
+  rendezvous.meet(job.coordinator_address, job.num_processes, job.process_id,
+                  options.initialization_timeout_seconds, job.described_by)
   # Only the CPU backend reads this: processes exchange CPU collectives over
   # TCP (gloo). TPU and GPU backends have their own interconnects.
   jax.config.update('jax_cpu_collectives_implementation', 'gloo')
   jax.distributed.initialize(
-      coordinator_address=options.coordinator_address,
-      num_processes=options.num_processes,
-      process_id=options.process_id,
+      coordinator_address=job.coordinator_address,
+      num_processes=job.num_processes,
+      process_id=job.process_id,
       initialization_timeout=options.initialization_timeout_seconds,
       heartbeat_timeout_seconds=options.heartbeat_timeout_seconds,
       shutdown_timeout_seconds=options.shutdown_timeout_seconds)
-  process_id, num_processes = jax.process_index(), jax.process_count()
-  if not options.explicit:
-    tag_logs(process_id, num_processes)
-  if on_join is not None:
-    on_join(process_id)
   logging.info(
-      'Joined a job of %d processes as process %d (coordinator %s). If a '
-      'process dies, the others exit within --heartbeat_timeout_seconds=%d '
-      'plus a few seconds.', num_processes, process_id,
-      options.coordinator_address or 'found by the TPU environment',
-      options.heartbeat_timeout_seconds)
-  return process_id, num_processes
+      'Joined %s as process %d of %d (coordinator %s). If a process dies, '
+      'the others exit within --heartbeat_timeout_seconds=%d plus a few '
+      'seconds.', job.described_by, job.process_id, job.num_processes,
+      job.coordinator_address, options.heartbeat_timeout_seconds)
+  if on_join is not None:
+    on_join(job.process_id)
+  return job.process_id, job.num_processes
 
 
 class _ProcessTag(logging.logging.Formatter):
