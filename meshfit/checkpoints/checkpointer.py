@@ -75,6 +75,11 @@ class Checkpointer:
             enable_async_checkpointing=not read_only),
         item_names=('state', 'meta'))
 
+  def reload(self) -> None:
+    """Lists the checkpoints again: another process (a trainer) may have
+    written or deleted some since this one was opened."""
+    self._manager.reload()
+
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
 

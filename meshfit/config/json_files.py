@@ -79,6 +79,28 @@ def _with_defaults(saved: dict, defaults: dict) -> dict:
   return merged
 
 
+def shape_error(raw: Any) -> str | None:
+  """What keeps `raw` (a config read back from JSON) from being a config:
+  not an object, or a section of configs/default.py that is not one; None
+  when it has a config's shape."""
+  if not isinstance(raw, dict):
+    return f'it holds {json.dumps(raw)[:60]}, not an object of config keys'
+  sections = default.get_config().to_dict()
+  for key, value in sections.items():
+    if isinstance(value, dict) and key in raw and not isinstance(raw[key],
+                                                                 dict):
+      return (f'its {key!r} is {json.dumps(raw[key])[:60]}, not an object of '
+              f'the {key}.* keys')
+  return None
+
+
+def with_defaults(raw: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """A config read back from JSON (its sequences as tuples), with the keys
+  added to configs/default.py since it was saved at their defaults."""
+  return ml_collections.ConfigDict(_with_defaults(
+      _tuples(dict(raw)), default.get_config().to_dict()))
+
+
 def load_json(path: str) -> ml_collections.ConfigDict:
   """Reads a config written by `save_json`.
 
@@ -86,12 +108,14 @@ def load_json(path: str) -> ml_collections.ConfigDict:
   default values, so a workdir from an older meshfit still evaluates.
 
   Raises:
-    UsageError: the file is missing or not JSON.
+    UsageError: the file is missing, not JSON or not a config.
   """
   try:
-    return ml_collections.ConfigDict(_with_defaults(
-        _tuples(json.loads(storage.read_text(path))),
-        default.get_config().to_dict()))
+    raw = json.loads(storage.read_text(path))
+    if (problem := shape_error(raw)) is not None:
+      raise UsageError(f'{path} is not a run\'s config: {problem}; restore '
+                       'the file the run wrote, or train into a new workdir')
+    return with_defaults(raw)
   except (FileNotFoundError, NotADirectoryError):
     raise UsageError(f'{path} does not exist: this workdir holds no run; '
                      'train one first (python train.py --workdir=...)'

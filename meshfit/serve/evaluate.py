@@ -62,6 +62,8 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   config_lib.check_devices(config, jax.device_count())
   compilation_cache.configure(config.compilation_cache_dir)
   with reading.SavedModel(workdir, step) as saved:
+    # The checkpoint's own record of its model decides, not config.json.
+    config = saved.model_config(config)
     table = None
     if splits_lib.has_eval_split(config.dataset):
       table = splits_lib.load_eval_split(config.dataset, saved.plan)

@@ -96,7 +96,8 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
         'on any mesh)')
   outputs_lib.check_outside_run(output_dir, workdir, '--output')
   check_output_dir(output_dir)  # before anything slow
-  step, plan, setup, state = _restore_on_one_device(config, workdir, step)
+  step, plan, config, setup, state = _restore_on_one_device(config, workdir,
+                                                            step)
   scores, missing = model_card.eval_metrics(config, workdir, step, setup,
                                             state, plan)
   forward = forward_fn(setup.graphdef, setup.arch.layout, state,
@@ -129,13 +130,15 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
 
 def _restore_on_one_device(
     config: Config, workdir: str, step: int | None
-) -> tuple[int, ColumnPlan, Setup, state_lib.TrainState]:
-  """(step, column plan, set-up, state) of a checkpoint, restored onto a
-  one-device mesh whatever mesh trained it."""
+) -> tuple[int, ColumnPlan, Config, Setup, state_lib.TrainState]:
+  """(step, column plan, config, set-up, state) of a checkpoint, restored
+  onto a one-device mesh whatever mesh trained it; the config is the
+  checkpoint's own record of its model (`SavedModel.model_config`)."""
   with reading.SavedModel(workdir, step) as saved:
+    config = saved.model_config(config)
     setup, state = saved.restore(
         config, mesh=sharding.make_mesh(1, 1, jax.local_devices()[:1]))
-  return saved.step, saved.plan, setup, state
+  return saved.step, saved.plan, config, setup, state
 
 
 def check_output_dir(path: str) -> None:
