@@ -8,13 +8,15 @@ import functools
 import json
 import os
 import shutil
+import stat
 import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from cli_helpers import run_train
+from cli_helpers import ROOT, run_train
 from meshfit.checkpoints import checkpointer, reading
 from meshfit.config import json_files
 from meshfit.errors import UsageError
@@ -122,22 +124,6 @@ def test_an_edited_config_json_does_not_change_the_model(
   warned = [r.getMessage() for r in absl_caplog.records
             if f'model.{key}' in r.getMessage()]
   assert warned and 'checkpoint' in warned[0], absl_caplog.text[-2000:]
-
-
-def test_predict_says_that_config_json_disagrees_and_uses_the_checkpoint(
-    trained, tmp_path):
-  tmp, workdir = trained
-  copy = _copy(workdir, tmp_path)
-
-  def edit(config):
-    config['model']['activation'] = 'gelu'
-    return config
-  _edit_json(os.path.join(copy, 'config.json'), edit)
-  out = tmp_path / 'pred.csv'
-  proc = run('--mode=predict', f'--workdir={copy}', f'--input={tmp}/rows.csv',
-             f'--output={out}', check=0)
-  assert "model.activation ('gelu' in" in proc.stderr, proc.stderr[-2000:]
-  assert pd.read_csv(out).equals(pd.read_csv(tmp / 'reference.csv'))
 
 
 def test_export_writes_the_checkpoints_model_not_config_jsons(
@@ -277,3 +263,206 @@ def test_a_named_step_deleted_while_read_says_a_trainer_rotates(
   assert 'step 20' in message and 'deleted' in message, message
   assert 'cannot be read' not in message
   assert not os.path.exists(tmp_path / 'pred.csv')
+
+
+# -- outputs through symlinks, onto devices and FIFOs ----------------------
+
+@pytest.mark.parametrize('case', [
+    'alias_config', 'alias_checkpoint', 'link_to_config', 'input_by_parent',
+    'workdir_by_alias'])
+def test_a_symlink_does_not_lead_predict_around_the_output_guards(
+    trained, tmp_path, case):
+  tmp, workdir = trained
+  copy = _copy(workdir, tmp_path)
+  alias = tmp_path / 'alias'
+  alias.symlink_to(copy)
+  shutil.copy(tmp / 'rows.csv', tmp_path / 'rows.csv')
+  here = tmp_path / 'here'
+  here.symlink_to(tmp_path)
+  link = tmp_path / 'link.csv'
+  link.symlink_to(os.path.join(copy, 'config.json'))
+  run_dir, input_path, output = {
+      'alias_config': (copy, tmp_path / 'rows.csv', alias / 'config.json'),
+      'alias_checkpoint': (copy, tmp_path / 'rows.csv', alias / 'checkpoints'
+                           / '40' / 'state' / 'manifest.ocdbt'),
+      'link_to_config': (copy, tmp_path / 'rows.csv', link),
+      'input_by_parent': (copy, tmp_path / 'rows.csv', here / 'rows.csv'),
+      'workdir_by_alias': (str(alias), tmp_path / 'rows.csv',
+                           os.path.join(copy, 'metrics.jsonl')),
+  }[case]
+  before = _tree(copy), (tmp_path / 'rows.csv').read_bytes()
+  config = json_files.load_json(os.path.join(copy, 'config.json'))
+  with pytest.raises(UsageError, match='--output'):
+    predict.predict(config, run_dir, str(input_path), str(output))
+  assert (_tree(copy), (tmp_path / 'rows.csv').read_bytes()) == before
+
+
+def test_a_symlink_does_not_lead_export_into_the_run(trained, tmp_path):
+  from meshfit.serve import export  # noqa: PLC0415
+  _, workdir = trained
+  copy = _copy(workdir, tmp_path)
+  (tmp_path / 'alias').symlink_to(copy)
+  before = _tree(copy)
+  config = json_files.load_json(os.path.join(copy, 'config.json'))
+  with pytest.raises(UsageError, match="own 'eval'"):
+    export.export(config, copy, str(tmp_path / 'alias' / 'eval'))
+  assert _tree(copy) == before
+
+
+def test_predict_writes_into_a_fifo_a_device_and_through_a_symlink(
+    trained, tmp_path):
+  tmp, workdir = trained
+  fifo = tmp_path / 'fifo.csv'
+  os.mkfifo(fifo)
+  null = tmp_path / 'null'
+  os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
+  target = tmp_path / 'kept.csv'
+  target.write_text('old')
+  link = tmp_path / 'link.csv'
+  link.symlink_to(target)
+  # A reader already there: the writer's open does not wait, and what is
+  # written stays in the pipe after the writer closes it.
+  reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+  try:
+    run('--mode=predict', f'--workdir={workdir}', f'--input={tmp}/rows.csv',
+        f'--output={fifo}', check=0)
+    written = os.read(reader, 100_000)
+  finally:
+    os.close(reader)
+  for output in (null, link):
+    _predict_in_process(workdir, tmp, str(output))
+  reference = (tmp / 'reference.csv').read_bytes()
+  assert written == reference
+  assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+  assert stat.S_ISCHR(os.lstat(null).st_mode)
+  assert link.is_symlink() and target.read_bytes() == reference
+  assert sorted(os.listdir(tmp_path)) == sorted(
+      ['fifo.csv', 'null', 'kept.csv', 'link.csv'])
+
+
+def test_export_onto_a_device_exits_2_and_leaves_it(trained, tmp_path):
+  _, workdir = trained
+  null = tmp_path / 'null'
+  os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+  _assert_usage_error(run('--mode=export', f'--workdir={workdir}',
+                          f'--output={null}'), 'not a directory')
+  assert stat.S_ISCHR(os.lstat(null).st_mode)
+  assert os.listdir(tmp_path) == ['null']
+
+
+# -- writes that fail ------------------------------------------------------
+
+def _without_root_powers(*args: str) -> subprocess.CompletedProcess:
+  """train.py as root without the power to write where root may not."""
+  caps = '-dac_override,-dac_read_search'
+  return subprocess.run(
+      ['setpriv', f'--inh-caps={caps}', f'--bounding-set={caps}',
+       'env', 'JAX_PLATFORMS=cpu',
+       'XLA_FLAGS=--xla_force_host_platform_device_count=4',
+       sys.executable, 'train.py', *args], cwd=ROOT, capture_output=True,
+      text=True, timeout=300)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which('setpriv'),
+                    reason='drops root powers with setpriv')
+def test_an_unwritable_output_directory_is_said_before_the_work(
+    trained, tmp_path):
+  tmp, workdir = trained
+  locked = tmp_path / 'locked'
+  locked.mkdir()
+  locked.chmod(0o555)
+  proc = _without_root_powers('--mode=predict', f'--workdir={workdir}',
+                              f'--input={tmp}/rows.csv',
+                              f'--output={locked}/pred.csv')
+  _assert_usage_error(proc, str(locked), 'Permission denied')
+  assert 'Restor' not in proc.stderr  # refused before the checkpoint's read
+  assert os.listdir(locked) == []
+
+
+def test_names_as_long_as_the_file_system_allows(trained, tmp_path):
+  from meshfit.serve import evaluate  # noqa: PLC0415
+  tmp, workdir = trained
+  copy = _copy(workdir, tmp_path)
+  output = tmp_path / ('p' * 246 + '.csv')  # 250 characters
+  _predict_in_process(copy, tmp, str(output))
+  assert output.read_bytes() == (tmp / 'reference.csv').read_bytes()
+  eval_file = tmp_path / ('e' * 231 + '.csv')  # 235 characters
+  _table(50, 2).to_csv(eval_file, index=False)
+  config = json_files.load_json(os.path.join(copy, 'config.json'))
+  config.dataset.eval_path = str(eval_file)
+  config.plots = True
+  assert evaluate.evaluate(config, copy)['num_examples'] == 50
+  names = os.listdir(os.path.join(copy, 'eval'))
+  assert len(names) == 2 and all(len(n) <= 255 for n in names), names
+  assert any(n.endswith('.json') for n in names)
+
+
+def test_an_eval_that_cannot_write_leaves_no_empty_eval_dir(
+    trained, tmp_path, monkeypatch):
+  import storage  # noqa: PLC0415
+  from meshfit.serve import evaluate  # noqa: PLC0415
+  tmp, workdir = trained
+  copy = _copy(workdir, tmp_path)
+  _table(50, 2).to_csv(tmp_path / 'e.csv', index=False)
+
+  def full_disk(path, mode='w'):
+    raise storage.StorageError(f'cannot write {path}: No space left on '
+                               'device')
+  monkeypatch.setattr(storage, 'atomic_write', full_disk)
+  config = json_files.load_json(os.path.join(copy, 'config.json'))
+  config.dataset.eval_path = str(tmp_path / 'e.csv')
+  with pytest.raises(storage.StorageError):
+    evaluate.evaluate(config, copy)
+  assert not os.path.exists(os.path.join(copy, 'eval'))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """mount(size) makes a tmpfs of `size` (root only); unmounted after."""
+  mounts = []
+
+  def mount(size: str):
+    path = tmp_path / f'disk{len(mounts)}'
+    path.mkdir()
+    proc = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}',
+                           'tmpfs', str(path)], capture_output=True)
+    if proc.returncode != 0:
+      pytest.skip(f'cannot mount a tmpfs: {proc.stderr.decode()[:200]}')
+    mounts.append(path)
+    return path
+  yield mount
+  for path in mounts:
+    subprocess.run(['umount', str(path)], check=True)
+
+
+def test_a_full_disk_in_predict_says_so_and_leaves_nothing(
+    trained, tmp_path, small_disk):
+  import storage  # noqa: PLC0415
+  tmp, workdir = trained
+  disk = small_disk('16k')
+  # Its predictions need more than the disk has.
+  _table(5_000, 3).to_csv(tmp_path / 'many.csv', index=False)
+  output = disk / 'pred.csv'
+  config = json_files.load_json(os.path.join(workdir, 'config.json'))
+  with pytest.raises(storage.StorageError) as e:
+    predict.predict(config, workdir, str(tmp_path / 'many.csv'), str(output))
+  assert str(output) in str(e.value)
+  assert 'No space left on device' in str(e.value)
+  assert os.listdir(disk) == []
+
+
+def test_a_full_disk_in_training_is_one_error_line_and_keeps_checkpoints(
+    trained, small_disk):
+  tmp, _ = trained
+  # Room for the first checkpoint of the run, not for the second.
+  workdir = small_disk('3m') / 'run'
+  proc = run('--config=configs/csv.py', f'--workdir={workdir}',
+             f'--config.dataset.train_path={tmp}/t.csv',
+             "--config.dataset.target_columns=('y',)",
+             '--config.num_train_steps=40',
+             '--config.checkpoint_every_steps=20')
+  last = _assert_usage_error(proc, 'No space left on device', 'step 40',
+                             'intact')
+  assert 'checkpoint' in last
+  assert os.path.exists(workdir / 'checkpoints' / '20' /
+                        checkpointer.COMMIT_MARKER)

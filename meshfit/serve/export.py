@@ -120,6 +120,11 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
       f.write('\n')
     files = _files_under(tmp)
     _move_into_place(tmp, output_dir)
+  except Exception as e:
+    error = storage.write_error(output_dir, e, 'the export')
+    if error is None:
+      raise
+    raise error from e
   finally:
     if os.path.isdir(tmp):
       shutil.rmtree(tmp)
@@ -150,6 +155,10 @@ def check_output_dir(path: str) -> None:
   if storage.isfile(path):
     raise UsageError(f'--output {path!r} is a file; export writes a '
                      'directory: name a new or an empty one')
+  if storage.exists(path) and not storage.isdir(path):
+    raise UsageError(f'--output {path!r} is not a directory (a device, a '
+                     'FIFO or a socket); export writes a directory: name a '
+                     'new or an empty one')
   if storage.isdir(path) and storage.listdir(path):
     raise UsageError(f'--output {path!r} is a directory that is not empty; '
                      'export never replaces files: name a new or an empty '
@@ -305,9 +314,10 @@ def _temporary_dir(output_dir: str) -> str:
   local temporary one for a gs:// output."""
   if storage.is_remote(output_dir):
     return tempfile.mkdtemp(prefix='meshfit-export-')
-  output_dir = os.path.abspath(output_dir)
+  output_dir = storage.resolve(output_dir)
   parent, name = os.path.split(output_dir)
-  tmp = os.path.join(parent, f'.{name}.{uuid.uuid4().hex[:8]}.tmp')
+  # The name cut short: a name near the file system's limit must fit too.
+  tmp = os.path.join(parent, f'.{name[:200]}.{uuid.uuid4().hex[:8]}.tmp')
   try:
     os.makedirs(tmp)
   except OSError as e:
@@ -331,8 +341,9 @@ def _move_into_place(tmp: str, output_dir: str) -> None:
     return
   try:
     # rename(2) replaces an empty directory and refuses a non-empty one,
-    # so a file written there since `check_output_dir` is never lost.
-    os.rename(tmp, output_dir)
+    # so a file written there since `check_output_dir` is never lost; a
+    # symlink to an empty directory is followed, not replaced.
+    os.rename(tmp, storage.resolve(output_dir))
   except OSError:
     check_output_dir(output_dir)  # says why, when it is the user's doing
     raise

@@ -71,7 +71,7 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
   """
   config = config_lib.parse(config)
   config_lib.check_devices(config, jax.device_count())
-  if storage.absolute(input_path) == storage.absolute(output_path):
+  if outputs_lib.same_file(input_path, output_path):
     raise UsageError(f'--output {output_path!r} is the --input file; writing '
                      'predictions there would replace the input; name another '
                      'file')
