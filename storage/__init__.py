@@ -22,13 +22,13 @@ input_pipeline and meshfit use it.
 
 from storage.environment import configure_environment
 from storage.errors import StorageError
-from storage.files import (atomic_write, check_writable, copy_file,
-                           copytree, exists, glob, isdir, isfile, listdir,
-                           makedirs, move, open, read_bytes, read_text,
-                           remove, rmtree, size, write_error, write_errno,
-                           writes_in_place)
+from storage.files import (copy_file, copytree, exists, glob, isdir, isfile,
+                           listdir, makedirs, move, open, read_bytes,
+                           read_text, remove, rmtree, size)
 from storage.paths import (SCHEMES, absolute, basename, check_scheme,
                            dirname, is_remote, join, resolve, split_url)
+from storage.writes import (atomic_write, check_writable, write_errno,
+                            write_error, writes_in_place)
 from storage.streams import (AppendWriter, RangeReader, create_exclusive,
                              read_range)
 

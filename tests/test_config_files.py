@@ -68,3 +68,17 @@ def test_a_checkpoint_with_keys_this_meshfit_lacks_is_named():
                      r'with model.linear_head=True, optimizer.lookahead=5, '
                      r'which this meshfit does not have'):
     json_files.check_known_keys(trained, 40, 'w/checkpoints')
+
+
+@pytest.mark.parametrize('given_keys', [(), ('compilation_cache_dir',)])
+def test_the_compilation_cache_is_the_invoking_users_not_the_workdirs(
+    given_keys):
+  # A shared workdir's config.json must not choose the directory of native
+  # code that this user's process loads and runs.
+  saved = default.get_config()
+  saved.compilation_cache_dir = '/shared/someone_elses/jax'
+  given = default.get_config()
+  if given_keys:
+    given.compilation_cache_dir = '/home/me/.cache/jax'
+  merged = json_files.merge_eval_overrides(saved, given, given_keys)
+  assert merged.compilation_cache_dir == given.compilation_cache_dir

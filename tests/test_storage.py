@@ -467,3 +467,15 @@ def test_sigterm_during_atomic_write_leaves_no_temporary_file(tmp_path):
                         cwd=os.path.dirname(os.path.dirname(__file__)))
   assert proc.returncode in (143, -15), proc.stderr[-2000:]
   assert os.listdir(tmp_path) == []
+
+
+def test_the_emulator_on_a_busy_port_is_one_error_line(gcs_emulator_url):
+  port = gcs_emulator_url.rsplit(':', 1)[1]  # another emulator's
+  proc = subprocess.run(
+      [sys.executable, '-m', 'storage.emulator', f'--port={port}'],
+      capture_output=True, text=True, timeout=60,
+      cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert 'Traceback' not in proc.stderr
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: ') and f'port {port}' in last, last

@@ -22,6 +22,11 @@ EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
              'dataset.eval_path', 'dataset.prefetch_batches', 'mesh.members',
              'mesh.data', 'mesh.model', 'compilation_cache_dir', 'plots')
 
+# Keys of the invoking user's machine, never taken from a workdir (which
+# may be shared): the compilation cache holds native code this process
+# would load and run.
+INVOKER_KEYS = ('compilation_cache_dir',)
+
 # Keys a resumed run may change: they decide how long and how observably it
 # runs and where, not what the checkpointed state means. (num_train_steps
 # also stretches or shrinks the warmup_cosine schedule from that step on.)
@@ -137,7 +142,7 @@ def merge_eval_overrides(saved: ml_collections.ConfigDict,
       be evaluation keys.
 
   Returns:
-    A copy of `saved` with those keys from `given`.
+    A copy of `saved` with those keys, and INVOKER_KEYS, from `given`.
 
   Raises:
     UsageError: a key that changes the model or data would be overridden.
@@ -154,7 +159,7 @@ def merge_eval_overrides(saved: ml_collections.ConfigDict,
         f'{details}; drop those overrides (only {", ".join(EVAL_KEYS)} may '
         'change) or train a new run')
   merged = ml_collections.ConfigDict(saved.to_dict())
-  for key in changed:
+  for key in sorted(set(changed) | set(INVOKER_KEYS)):
     *parents, leaf = key.split('.')
     node = merged
     for p in parents:
