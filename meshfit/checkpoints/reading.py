@@ -10,8 +10,8 @@ from jax.sharding import Mesh
 
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
-from meshfit.checkpoints import checkpointer
 from meshfit import config as config_lib
+from meshfit.checkpoints import checkpointer
 from meshfit.config import Config, json_files
 from meshfit.data.features import InputLayout
 from meshfit.errors import UsageError
