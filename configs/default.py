@@ -9,7 +9,7 @@ override. Any key can be overridden on the command line, e.g.
 
 import ml_collections
 
-from configs.settings import (EVAL, RESUME, Setting, boolean, config_dict,
+from configs.settings import (EVAL, INVOKER, RESUME, Setting, boolean, config_dict,
                               directory, integer, is_int, is_number, must,
                               number, one_of, path, text, tuple_of)
 
@@ -310,7 +310,7 @@ SETTINGS = (
     Setting('compilation_cache_dir', '~/.cache/meshfit/jax',
             "JAX's persistent compilation cache: a restarted run loads its "
             'compiled steps from here instead of compiling them again.',
-            directory('turn the cache off'), EVAL),
+            directory('turn the cache off'), INVOKER),
     Setting('plots', True,
             'Draw loss_curve.png at the end of training and, in '
             '--mode=eval, eval/step_N_predictions.png.', boolean(), EVAL),

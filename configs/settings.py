@@ -23,8 +23,10 @@ import storage
 # and what it learns from. RESUME: how long and how observably a run goes
 # on, and where; a resumed run may set another value. EVAL: how a saved
 # model is evaluated; `--mode=eval`/`predict` may set it, as may a resumed
-# run.
-NEVER, RESUME, EVAL = 'never', 'resume', 'eval'
+# run. INVOKER: the invoking user's machine's (an EVAL key that eval,
+# predict and export always take from their own config, never from a
+# workdir another user may write).
+NEVER, RESUME, EVAL, INVOKER = 'never', 'resume', 'eval', 'invoker'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +56,7 @@ class Setting:
     default: its value in configs/default.py.
     help: what it means, in a line or two.
     check: the values it accepts.
-    changes: NEVER, RESUME or EVAL: what may give a trained run another
+    changes: NEVER, RESUME, EVAL or INVOKER: what may give a trained run another
       value.
     type: the value's type in the typed config (default: the default's).
     formerly: the keys it replaced, still read from saved runs and config
@@ -71,7 +73,7 @@ class Setting:
   def __post_init__(self):
     if self.type is None:
       object.__setattr__(self, 'type', type(self.default))
-    if self.changes not in (NEVER, RESUME, EVAL):
+    if self.changes not in (NEVER, RESUME, EVAL, INVOKER):
       raise ValueError(f'{self.key}: changes={self.changes!r}')
 
   @property

@@ -22,19 +22,22 @@ input_pipeline and meshfit use it.
 
 from storage.environment import configure_environment
 from storage.errors import StorageError
-from storage.files import (atomic_write, copy_file, copytree, exists, glob,
-                           isdir, isfile, listdir, makedirs, move, open,
-                           read_bytes, read_text, remove, rmtree, size)
+from storage.files import (copy_file, copytree, exists, glob, isdir, isfile,
+                           listdir, makedirs, move, open, read_bytes,
+                           read_text, remove, rmtree, size)
 from storage.paths import (SCHEMES, absolute, basename, check_scheme,
-                           dirname, is_remote, join, split_url)
+                           dirname, is_remote, join, resolve, split_url)
+from storage.writes import (atomic_write, check_writable, write_errno,
+                            write_error, writes_in_place)
 from storage.streams import (AppendWriter, RangeReader, create_exclusive,
                              read_range)
 
 __all__ = [
     'SCHEMES', 'AppendWriter', 'RangeReader', 'StorageError', 'absolute',
-    'atomic_write', 'basename', 'check_scheme', 'configure_environment',
-    'copy_file', 'copytree', 'create_exclusive', 'dirname', 'exists', 'glob',
-    'is_remote', 'isdir', 'isfile', 'join', 'listdir', 'makedirs', 'move',
-    'open', 'read_bytes', 'read_range', 'read_text', 'remove', 'rmtree',
-    'size', 'split_url',
+    'atomic_write', 'basename', 'check_scheme', 'check_writable',
+    'configure_environment', 'copy_file', 'copytree', 'create_exclusive',
+    'dirname', 'exists', 'glob', 'is_remote', 'isdir', 'isfile', 'join',
+    'listdir', 'makedirs', 'move', 'open', 'read_bytes', 'read_range',
+    'read_text', 'remove', 'resolve', 'rmtree', 'size', 'split_url',
+    'write_errno', 'write_error', 'writes_in_place',
 ]

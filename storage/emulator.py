@@ -22,6 +22,7 @@ import os
 import pathlib
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -48,6 +49,24 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+class PortInUseError(Exception):
+  """The port asked for is taken (by another emulator, most likely)."""
+
+
+def check_port_free(port: int) -> None:
+  """Raises PortInUseError unless `port` on HOST can be listened on: a
+  server already there would answer for the new one (another emulator's
+  bucket then exists already)."""
+  with socket.socket() as s:
+    try:
+      s.bind((HOST, port))
+    except OSError as e:
+      raise PortInUseError(
+          f'port {port} on {HOST} is in use ({e.strerror}), perhaps by '
+          'another emulator: pick another with --port, or leave --port out '
+          'for a free one') from None
+
+
 class Emulator:
   """One running fake-gcs-server; `url` is its `http://127.0.0.1:PORT`."""
 
@@ -58,6 +77,8 @@ class Emulator:
       root: a directory for the server's log.
       port: the port to listen on; 0 picks a free one.
     """
+    if port:
+      check_port_free(port)
     self.port = port or free_port()
     self.url = f'http://{HOST}:{self.port}'
     self.log_path = os.path.join(root, 'fake-gcs-server.log')
@@ -130,8 +151,17 @@ def main() -> None:
   parser.add_argument('--port', type=int, default=0,
                       help='port on 127.0.0.1 (default: a free one)')
   args = parser.parse_args()
-  with running(args.bucket, args.port) as emulator:
-    print(f'gs://{args.bucket} is served at {emulator.url}; in the shell '
+  try:
+    serve(args.bucket, args.port)
+  except PortInUseError as e:
+    sys.stderr.write(f'error: {e}\n')
+    sys.exit(2)
+
+
+def serve(bucket: str, port: int) -> None:
+  """Runs an emulator with `bucket` until Ctrl-C or until it stops."""
+  with running(bucket, port) as emulator:
+    print(f'gs://{bucket} is served at {emulator.url}; in the shell '
           f'that runs meshfit:\n  export STORAGE_EMULATOR_HOST='
           f'{emulator.url}\nCtrl-C stops it (its objects are gone then).',
           flush=True)

@@ -8,12 +8,10 @@ FileNotFoundError, as a missing local file does.
 """
 
 import builtins
-import contextlib
 import glob as globlib
 import os
 import shutil
 import tempfile
-import uuid
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -293,44 +291,3 @@ def read_bytes(path: str) -> bytes:
 def read_text(path: str) -> str:
   with open(path, 'r') as f:
     return f.read()
-
-
-@contextlib.contextmanager
-def atomic_write(path: str, mode: str = 'w') -> Iterator[IO]:
-  """Writes a file that readers see whole, or not at all.
-
-  Locally: a uniquely named temporary file beside `path`, then os.replace.
-  On gs://: a local temporary file, uploaded on success as one object (GCS
-  objects appear whole). Either way an exception or a crash leaves `path`
-  as it was and no temporary file behind; several processes may write the
-  same path at once and each replaces it whole.
-
-  Args:
-    path: the file to write.
-    mode: 'w' (text, UTF-8) or 'wb'.
-
-  Yields:
-    The open temporary file.
-  """
-  if mode not in ('w', 'wb'):
-    raise ValueError(f"mode {mode!r}: use 'w' or 'wb'")
-  encoding = None if 'b' in mode else 'utf-8'
-  remote = paths.is_remote(path)
-  # The extension stays last: some writers (matplotlib, pandas) choose the
-  # format by it.
-  ext = os.path.splitext(paths.basename(path))[1]
-  if remote:
-    fd, tmp = tempfile.mkstemp(suffix=ext, prefix='meshfit-upload-')
-    os.close(fd)
-  else:
-    tmp = f'{os.path.splitext(path)[0]}.{uuid.uuid4().hex[:8]}.tmp{ext}'
-  try:
-    with builtins.open(tmp, mode, encoding=encoding) as f:
-      yield f
-    if remote:
-      gcs.call(path, gcs.client(path).put_file, tmp, gcs.key(path))
-    else:
-      os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)

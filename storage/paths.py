@@ -75,3 +75,11 @@ def absolute(path: str) -> str:
   if is_remote(path):
     return path
   return os.path.abspath(path)
+
+
+def resolve(path: str) -> str:
+  """A local path made absolute with every symlink followed (what it
+  names); a URL unchanged. Two paths that lead to one file resolve alike."""
+  if is_remote(path):
+    return path
+  return os.path.realpath(path)

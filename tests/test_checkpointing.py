@@ -129,3 +129,37 @@ def test_a_damaged_best_checkpoint_is_set_aside_for_the_next_best(tmp_path):
         '10', '20']
   finally:
     ckpt.close()
+
+
+def test_a_save_that_fills_the_disk_half_way_is_one_storage_error(tmp_path):
+  import subprocess  # noqa: PLC0415
+
+  import jax.numpy as jnp  # noqa: PLC0415
+  import numpy as np  # noqa: PLC0415
+
+  import storage  # noqa: PLC0415
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=512k', 'tmpfs',
+                     str(disk)], capture_output=True).returncode != 0:
+    pytest.skip('cannot mount a tmpfs')
+  try:
+    ckpt = checkpointer.Checkpointer(str(disk), max_to_keep=3)
+    try:
+      ckpt.save(10, {'w': jnp.ones(4, jnp.float32)}, {'step': 10})
+      ckpt.wait()
+      # The check before a save takes the last checkpoint's size: this one
+      # passes it and fills the disk in Orbax's writers.
+      with pytest.raises(storage.StorageError) as e:
+        noise = np.random.default_rng(0).normal(size=1_000_000)  # no zstd
+        ckpt.save(20, {'w': jnp.asarray(noise, jnp.float32)}, {'step': 20})
+        ckpt.wait()
+      message = str(e.value)
+      assert 'step 20' in message and 'No space left' in message, message
+      assert 'before it are intact' in message
+      state = ckpt.restore_state(10, {'w': jnp.zeros(4, jnp.float32)})
+      assert float(state['w'].sum()) == 4.0
+    finally:
+      ckpt.close()
+  finally:
+    subprocess.run(['umount', str(disk)], check=True)

@@ -115,10 +115,13 @@ def test_default_config_is_the_declared_defaults():
 
 def test_policy_lists_are_the_declared_ones():
   policy = {s.key: s.changes for s in default.SETTINGS}
+  evals = (settings.EVAL, settings.INVOKER)
   assert set(json_files.EVAL_KEYS) == {k for k, c in policy.items()
-                                       if c == settings.EVAL}
+                                       if c in evals}
+  assert set(json_files.INVOKER_KEYS) == {
+      k for k, c in policy.items() if c == settings.INVOKER}
   assert set(json_files.RESUME_SAFE_KEYS) == {
-      k for k, c in policy.items() if c in (settings.EVAL, settings.RESUME)}
+      k for k, c in policy.items() if c in evals + (settings.RESUME,)}
   # What the lists are for: an evaluation may set an eval key and no other.
   saved = default.get_config()
   given = default.get_config()

@@ -119,3 +119,17 @@ def test_a_config_file_with_the_old_keys_is_read_with_a_warning():
   raw.dataset.validation_folds = 5
   with pytest.raises(UsageError, match='are both set; choose one'):
     config_lib.parse(raw)
+
+
+@pytest.mark.parametrize('given_keys', [(), ('compilation_cache_dir',)])
+def test_the_compilation_cache_is_the_invoking_users_not_the_workdirs(
+    given_keys):
+  # A shared workdir's config.json must not choose the directory of native
+  # code that this user's process loads and runs.
+  saved = default.get_config()
+  saved.compilation_cache_dir = '/shared/someone_elses/jax'
+  given = default.get_config()
+  if given_keys:
+    given.compilation_cache_dir = '/home/me/.cache/jax'
+  merged = json_files.merge_eval_overrides(saved, given, given_keys)
+  assert merged.compilation_cache_dir == given.compilation_cache_dir

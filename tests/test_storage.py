@@ -7,6 +7,7 @@ work with the same emulator.
 
 import concurrent.futures
 import json
+import stat
 import os
 import subprocess
 import sys
@@ -376,3 +377,105 @@ def test_saved_model_through_gcs(tmp_path, gcs_dir):
   loaded = tf.saved_model.load(str(tmp_path / 'downloaded'))
   np.testing.assert_allclose(loaded.f(tf.constant([1.0, 2.0])).numpy(),
                              [3.0, 6.0])
+
+
+# -- local writes onto what is not a plain new file ------------------------
+
+def test_atomic_write_writes_into_a_fifo_and_leaves_it_one(tmp_path):
+  fifo = str(tmp_path / 'out.csv')
+  os.mkfifo(fifo)
+  # A reader already there: the writer's open does not wait, and what is
+  # written stays in the pipe after the writer closes it.
+  reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+  try:
+    with storage.atomic_write(fifo) as f:
+      f.write('a,b\n1,2\n')
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert os.read(reader, 1000) == b'a,b\n1,2\n'
+  finally:
+    os.close(reader)
+  assert os.listdir(tmp_path) == ['out.csv']
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason='mknod needs root')
+def test_atomic_write_writes_into_a_device_and_leaves_it_one(tmp_path):
+  null = str(tmp_path / 'null')
+  os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # as /dev/null
+  with storage.atomic_write(null, 'wb') as f:
+    f.write(b'x' * 100)
+  assert stat.S_ISCHR(os.lstat(null).st_mode)
+  assert os.listdir(tmp_path) == ['null']
+
+
+def test_atomic_write_through_a_symlink_replaces_the_file_it_names(tmp_path):
+  target = tmp_path / 'kept' / 'pred.csv'
+  target.parent.mkdir()
+  target.write_text('old')
+  link = tmp_path / 'pred.csv'
+  link.symlink_to(target)
+  with storage.atomic_write(str(link)) as f:
+    f.write('new')
+  assert link.is_symlink() and target.read_text() == 'new'
+  assert sorted(os.listdir(tmp_path)) == ['kept', 'pred.csv']
+  assert os.listdir(target.parent) == ['pred.csv']
+
+
+def test_atomic_write_of_a_name_as_long_as_the_file_system_allows(tmp_path):
+  path = str(tmp_path / ('p' * 251 + '.csv'))  # 255 bytes, the limit
+  with storage.atomic_write(path) as f:
+    f.write('a\n')
+  assert os.listdir(tmp_path) == [os.path.basename(path)]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 256 KiB tmpfs (root only), unmounted after the test."""
+  mount = tmp_path / 'disk'
+  mount.mkdir()
+  proc = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=256k', 'tmpfs',
+                         str(mount)], capture_output=True)
+  if proc.returncode != 0:
+    pytest.skip(f'cannot mount a tmpfs: {proc.stderr.decode()[:200]}')
+  yield mount
+  subprocess.run(['umount', str(mount)], check=True)
+
+
+def test_atomic_write_on_a_full_disk_says_so_and_keeps_the_old_file(
+    small_disk):
+  path = small_disk / 'pred.csv'
+  path.write_text('old')
+  with pytest.raises(storage.StorageError) as e:
+    with storage.atomic_write(str(path), 'wb') as f:
+      f.write(b'x' * 1024 * 1024)
+  assert str(path) in str(e.value) and 'No space left' in str(e.value)
+  assert path.read_text() == 'old'
+  assert os.listdir(small_disk) == ['pred.csv']
+
+
+def test_sigterm_during_atomic_write_leaves_no_temporary_file(tmp_path):
+  path = str(tmp_path / 'out.csv')
+  code = textwrap.dedent(f'''
+      import os, signal, storage
+      with storage.atomic_write({path!r}) as f:
+        f.write('a\\n')
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10 ** 6):
+          f.write('b\\n')
+      ''')
+  proc = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                        text=True, timeout=60,
+                        cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert proc.returncode in (143, -15), proc.stderr[-2000:]
+  assert os.listdir(tmp_path) == []
+
+
+def test_the_emulator_on_a_busy_port_is_one_error_line(gcs_emulator_url):
+  port = gcs_emulator_url.rsplit(':', 1)[1]  # another emulator's
+  proc = subprocess.run(
+      [sys.executable, '-m', 'storage.emulator', f'--port={port}'],
+      capture_output=True, text=True, timeout=60,
+      cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert proc.returncode == 2, proc.stderr[-2000:]
+  assert 'Traceback' not in proc.stderr
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: ') and f'port {port}' in last, last

@@ -18,6 +18,9 @@ with a warning naming its step and resumes from the newest intact one.
 
 import concurrent.futures
 import contextlib
+import errno
+import os
+import shutil
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -59,6 +62,7 @@ class Checkpointer:
     self.workdir = storage.absolute(workdir)
     self.directory = storage.join(self.workdir, 'checkpoints')
     self._read_only = read_only
+    self._saving: int | None = None  # the step of the newest save
     keep = preservation_policy.AnyPreservationPolicy([
         preservation_policy.LatestN(max_to_keep),
         preservation_policy.BestN(
@@ -74,6 +78,11 @@ class Checkpointer:
             read_only=read_only,
             enable_async_checkpointing=not read_only),
         item_names=('state', 'meta'))
+
+  def reload(self) -> None:
+    """Lists the checkpoints again: another process (a trainer) may have
+    written or deleted some since this one was opened."""
+    self._manager.reload()
 
   def all_steps(self) -> list[int]:
     return sorted(self._manager.all_steps())
@@ -95,11 +104,35 @@ class Checkpointer:
       val_loss: the validation loss of `state`, when this is a best
         checkpoint (kept beside the newest ones).
     """
+    self._saving = step
+    self._check_room(step, state)
     with self._storage_errors('saving'):
       self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(state),
           meta=ocp.args.JsonSave(meta)), force=True,
           metrics=None if val_loss is None else {BEST_METRIC: val_loss})
+
+  def _check_room(self, step: int, state: TrainState) -> None:
+    """Refuses a save that the local disk has no room for, before Orbax
+    starts it: a write that fails half-way ends in many of its threads'
+    tracebacks. The newest checkpoint's size on disk (else the state's
+    bytes) is the estimate; one process alone checks (hosts that shared
+    a disk would each count the others' writes)."""
+    if storage.is_remote(self.directory) or jax.process_count() > 1:
+      return
+    committed = [s for s in self.all_steps() if self.is_committed(s)]
+    if committed:
+      need = _disk_bytes(os.path.join(self.directory, str(committed[-1])))
+    else:
+      need = sum(getattr(x, 'nbytes', 0) for x in jax.tree.leaves(state))
+    free = shutil.disk_usage(self.directory).free
+    if free < need:
+      raise storage.write_error(
+          self.directory, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)),
+          f'the checkpoint of step {step}',
+          after=f'it needs about {need / 1e6:.1f} MB, {free / 1e6:.1f} MB '
+          'are free; the checkpoints written before it are intact: train '
+          'again to resume from the newest')
 
   def best_step(self) -> int | None:
     """The step of the best checkpoint by validation loss, if there is one."""
@@ -201,13 +234,22 @@ class Checkpointer:
 
   @contextlib.contextmanager
   def _storage_errors(self, doing: str) -> Iterator[None]:
-    """On gs://, a failure of Orbax's (TensorStore's retries spent) as one
-    StorageError naming the URL; the checkpoints already written stay."""
+    """A failure of Orbax's writers that the user can fix as one
+    StorageError saying what was being written: on gs:// any (TensorStore's
+    retries spent), locally a full disk or no permission. The checkpoints
+    already written stay."""
     try:
       yield
     except Exception as e:
       if not storage.is_remote(self.directory):
-        raise
+        step = f' of step {self._saving}' if self._saving is not None else ''
+        error = storage.write_error(
+            self.directory, e, f'the checkpoint{step}',
+            after='the checkpoints written before it are intact: train '
+            'again to resume from the newest')
+        if error is None:
+          raise
+        raise error from e
       cause = e
       while cause.__cause__ is not None and not isinstance(
           cause, storage.StorageError):
@@ -221,6 +263,12 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def _disk_bytes(directory: str) -> int:
+  """The bytes a local directory's files take on disk."""
+  return sum(os.lstat(os.path.join(root, f)).st_blocks * 512
+             for root, _, files in os.walk(directory) for f in files)
 
 
 def _best_metric(metrics: dict[str, float]) -> float:

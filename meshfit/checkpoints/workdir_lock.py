@@ -186,7 +186,8 @@ class WorkdirLock:
     if self._beat is not None:
       self._beat.join()
     self._held = False
-    if exc_type is not None and issubclass(exc_type, storage.StorageError):
+    if (exc_type is not None and issubclass(exc_type, storage.StorageError)
+        and storage.is_remote(self.path)):
       # The storage is unreachable: a release would only wait out retries.
       logging.warning('The lock %s is left; it is taken over %g minutes '
                       'after its last heartbeat.', self.path,

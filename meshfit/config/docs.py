@@ -11,13 +11,14 @@ import pathlib
 import sys
 
 from configs import default
-from configs.settings import EVAL, NEVER, RESUME, Setting
+from configs.settings import EVAL, INVOKER, NEVER, RESUME, Setting
 
 USAGE = pathlib.Path(__file__).resolve().parents[2] / 'docs' / 'usage.md'
 BEGIN = ('<!-- settings table: made from configs/default.py by '
          '`python -m meshfit.config.docs`; edit the declarations there -->')
 END = '<!-- end of the settings table -->'
-_CHANGES = {EVAL: 'eval, predict, resume', RESUME: 'resume', NEVER: '—'}
+_CHANGES = {EVAL: 'eval, predict, resume', RESUME: 'resume', NEVER: '—',
+            INVOKER: "the invoking user's, never the workdir's"}
 
 
 def _cell(text: str) -> str:

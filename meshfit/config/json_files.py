@@ -13,14 +13,20 @@ import ml_collections
 
 import storage
 from configs import default
-from configs.settings import EVAL, RESUME
+from configs.settings import EVAL, INVOKER, RESUME
 from meshfit.config import Config, spellings
 from meshfit.errors import UsageError
 from meshfit.parallel import sharding
 
 # Keys that --mode=eval and --mode=predict may take from the command line:
 # they change how a saved model is evaluated, not what it is.
-EVAL_KEYS = tuple(s.key for s in default.SETTINGS if s.changes == EVAL)
+EVAL_KEYS = tuple(s.key for s in default.SETTINGS
+                  if s.changes in (EVAL, INVOKER))
+
+# Keys of the invoking user's machine, never taken from a workdir (which
+# may be shared): the compilation cache holds native code this process
+# would load and run.
+INVOKER_KEYS = tuple(s.key for s in default.SETTINGS if s.changes == INVOKER)
 
 # Keys a resumed run may change: they decide how long and how observably it
 # runs and where, not what the checkpointed state means.
@@ -71,6 +77,28 @@ def _with_defaults(saved: dict, defaults: dict) -> dict:
   return merged
 
 
+def shape_error(raw: Any) -> str | None:
+  """What keeps `raw` (a config read back from JSON) from being a config:
+  not an object, or a section of configs/default.py that is not one; None
+  when it has a config's shape."""
+  if not isinstance(raw, dict):
+    return f'it holds {json.dumps(raw)[:60]}, not an object of config keys'
+  sections = default.get_config().to_dict()
+  for key, value in sections.items():
+    if isinstance(value, dict) and key in raw and not isinstance(raw[key],
+                                                                 dict):
+      return (f'its {key!r} is {json.dumps(raw[key])[:60]}, not an object of '
+              f'the {key}.* keys')
+  return None
+
+
+def with_defaults(raw: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """A config read back from JSON (its sequences as tuples), with the keys
+  added to configs/default.py since it was saved at their defaults."""
+  return ml_collections.ConfigDict(_with_defaults(
+      _translated(_tuples(dict(raw))), default.get_config().to_dict()))
+
+
 def load_json(path: str) -> ml_collections.ConfigDict:
   """Reads a config written by `save_json`.
 
@@ -79,10 +107,10 @@ def load_json(path: str) -> ml_collections.ConfigDict:
   (`spellings`), so a workdir from an older meshfit still evaluates.
 
   Raises:
-    UsageError: the file is missing or not JSON.
+    UsageError: the file is missing, not JSON or not a config.
   """
   try:
-    saved = _tuples(json.loads(storage.read_text(path)))
+    raw = json.loads(storage.read_text(path))
   except (FileNotFoundError, NotADirectoryError):
     raise UsageError(f'{path} does not exist: this workdir holds no run; '
                      'train one first (python train.py --workdir=...)'
@@ -90,8 +118,10 @@ def load_json(path: str) -> ml_collections.ConfigDict:
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise UsageError(f'{path} is not valid JSON ({e}); restore it or train '
                      'into a new workdir') from None
-  return ml_collections.ConfigDict(_with_defaults(
-      _translated(saved), default.get_config().to_dict()))
+  if (problem := shape_error(raw)) is not None:
+    raise UsageError(f'{path} is not a run\'s config: {problem}; restore '
+                     'the file the run wrote, or train into a new workdir')
+  return with_defaults(raw)
 
 
 def merge_eval_overrides(saved: ml_collections.ConfigDict,
@@ -106,7 +136,7 @@ def merge_eval_overrides(saved: ml_collections.ConfigDict,
       be evaluation keys.
 
   Returns:
-    A copy of `saved` with those keys from `given`.
+    A copy of `saved` with those keys, and INVOKER_KEYS, from `given`.
 
   Raises:
     UsageError: a key that changes the model or data would be overridden.
@@ -125,7 +155,7 @@ def merge_eval_overrides(saved: ml_collections.ConfigDict,
         f'{details}; drop those overrides (only {", ".join(EVAL_KEYS)} may '
         'change) or train a new run')
   merged = ml_collections.ConfigDict(saved.to_dict())
-  for key in changed:
+  for key in sorted(set(changed) | set(INVOKER_KEYS)):
     *parents, leaf = key.split('.')
     node = merged
     for p in parents:

@@ -62,6 +62,8 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
   config_lib.check_devices(config, jax.device_count())
   compilation_cache.configure(config.compilation_cache_dir)
   with reading.SavedModel(workdir, step) as saved:
+    # The checkpoint's own record of its model decides, not config.json.
+    config = saved.model_config(config)
     table = None
     if splits_lib.has_eval_split(config.dataset):
       table = splits_lib.load_eval_split(config.dataset, saved.plan)
@@ -78,6 +80,23 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
             else _with_members(config, state, saved.estimate,
                                saved.plan.targets))
   name = output_name(config, workdir, step)
+  eval_dir = storage.join(workdir, 'eval')
+  created = not storage.exists(eval_dir)
+  try:
+    _write_outputs(config, workdir, name, result, setup, state, table, step)
+  except BaseException:
+    # An eval/ made for nothing: the run is left as it was.
+    if (created and jax.process_index() == 0 and storage.isdir(eval_dir)
+        and not storage.listdir(eval_dir)):
+      storage.rmtree(eval_dir)
+    raise
+  return result
+
+
+def _write_outputs(config: Config, workdir: str, name: str, result: dict,
+                   setup: Setup, state: TrainState, table: Table | None,
+                   step: int) -> None:
+  """eval/<name>.json and, where asked, its figures."""
   if jax.process_index() == 0:
     storage.makedirs(storage.join(workdir, 'eval'))
     with storage.atomic_write(storage.join(workdir, 'eval',
@@ -106,7 +125,10 @@ def evaluate(config: ml_collections.ConfigDict | Config, workdir: str,
           title=(f'{storage.basename(storage.absolute(workdir))}: step {step}'
                  f', split {config.dataset.eval_split!r} of '
                  f'{config.dataset.name}'))
-  return result
+
+
+# The most characters of an eval file's name kept in eval/'s names for it.
+STEM_CHARS = 64
 
 
 def output_name(config: Config, workdir: str, step: int) -> str:
@@ -119,8 +141,10 @@ def output_name(config: Config, workdir: str, step: int) -> str:
     return f'step_{step}'
   if not eval_path or eval_path == own.dataset.eval_path:
     return f'step_{step}'
-  stem = re.sub(r'[^A-Za-z0-9_.-]+', '_',
-                posixpath.splitext(storage.basename(eval_path))[0])
+  # Cut short: the hash tells files apart, and a long file name plus the
+  # prefix and the figures' suffixes must fit the file system's limit.
+  stem = re.sub(r'[^A-Za-z0-9_.-]+', '_', posixpath.splitext(
+      storage.basename(eval_path))[0])[:STEM_CHARS]
   digest = hashlib.sha256(storage.absolute(eval_path).encode()).hexdigest()
   return f'step_{step}_{stem}-{digest[:8]}'
 

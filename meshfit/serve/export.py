@@ -97,7 +97,8 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
         'on any mesh)')
   outputs_lib.check_outside_run(output_dir, workdir, '--output')
   check_output_dir(output_dir)  # before anything slow
-  step, plan, setup, state = _restore_on_one_device(config, workdir, step)
+  step, plan, config, setup, state = _restore_on_one_device(config, workdir,
+                                                            step)
   scores, missing = model_card.eval_metrics(config, workdir, step, setup,
                                             state, plan)
   forward = forward_fn(setup.graphdef, setup.arch.layout, state,
@@ -120,6 +121,11 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
       f.write('\n')
     files = _files_under(tmp)
     _move_into_place(tmp, output_dir)
+  except Exception as e:
+    error = storage.write_error(output_dir, e, 'the export')
+    if error is None:
+      raise
+    raise error from e
   finally:
     if os.path.isdir(tmp):
       shutil.rmtree(tmp)
@@ -130,13 +136,15 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
 
 def _restore_on_one_device(
     config: Config, workdir: str, step: int | None
-) -> tuple[int, ColumnPlan, Setup, state_lib.TrainState]:
-  """(step, column plan, set-up, state) of a checkpoint, restored onto a
-  one-device mesh whatever mesh trained it."""
+) -> tuple[int, ColumnPlan, Config, Setup, state_lib.TrainState]:
+  """(step, column plan, config, set-up, state) of a checkpoint, restored
+  onto a one-device mesh whatever mesh trained it; the config is the
+  checkpoint's own record of its model (`SavedModel.model_config`)."""
   with reading.SavedModel(workdir, step) as saved:
+    config = saved.model_config(config)
     setup, state = saved.restore(
         config, mesh=sharding.make_mesh(1, 1, jax.local_devices()[:1]))
-  return saved.step, saved.plan, setup, state
+  return saved.step, saved.plan, config, setup, state
 
 
 def check_output_dir(path: str) -> None:
@@ -148,6 +156,10 @@ def check_output_dir(path: str) -> None:
   if storage.isfile(path):
     raise UsageError(f'--output {path!r} is a file; export writes a '
                      'directory: name a new or an empty one')
+  if storage.exists(path) and not storage.isdir(path):
+    raise UsageError(f'--output {path!r} is not a directory (a device, a '
+                     'FIFO or a socket); export writes a directory: name a '
+                     'new or an empty one')
   if storage.isdir(path) and storage.listdir(path):
     raise UsageError(f'--output {path!r} is a directory that is not empty; '
                      'export never replaces files: name a new or an empty '
@@ -303,9 +315,10 @@ def _temporary_dir(output_dir: str) -> str:
   local temporary one for a gs:// output."""
   if storage.is_remote(output_dir):
     return tempfile.mkdtemp(prefix='meshfit-export-')
-  output_dir = os.path.abspath(output_dir)
+  output_dir = storage.resolve(output_dir)
   parent, name = os.path.split(output_dir)
-  tmp = os.path.join(parent, f'.{name}.{uuid.uuid4().hex[:8]}.tmp')
+  # The name cut short: a name near the file system's limit must fit too.
+  tmp = os.path.join(parent, f'.{name[:200]}.{uuid.uuid4().hex[:8]}.tmp')
   try:
     os.makedirs(tmp)
   except OSError as e:
@@ -329,8 +342,9 @@ def _move_into_place(tmp: str, output_dir: str) -> None:
     return
   try:
     # rename(2) replaces an empty directory and refuses a non-empty one,
-    # so a file written there since `check_output_dir` is never lost.
-    os.rename(tmp, output_dir)
+    # so a file written there since `check_output_dir` is never lost; a
+    # symlink to an empty directory is followed, not replaced.
+    os.rename(tmp, storage.resolve(output_dir))
   except OSError:
     check_output_dir(output_dir)  # says why, when it is the user's doing
     raise

@@ -24,7 +24,9 @@ def check_outside_run(output: str, workdir: str, flag: str) -> None:
   Raises:
     UsageError: `output` would land on the run's own files.
   """
-  out, run = storage.absolute(output), storage.absolute(workdir)
+  # Resolved: a symlink (to the workdir, or to one of its files) must not
+  # lead around the check.
+  out, run = storage.resolve(output), storage.resolve(workdir)
   if storage.is_remote(out) != storage.is_remote(run):
     return  # one local, one gs://: never the same place
   if storage.is_remote(out):
@@ -56,3 +58,20 @@ def check_output_file(output: str, flag: str = '--output') -> None:
   if not os.path.isdir(directory):
     raise UsageError(f'cannot write {output!r}: directory {directory!r} does '
                      'not exist; create it first')
+  try:
+    storage.check_writable(output)
+  except storage.StorageError as e:
+    raise UsageError(f'{flag}: {e}') from None
+
+
+def same_file(a: str, b: str) -> bool:
+  """Whether two paths lead to one file: the same path once symlinks are
+  followed, or (both existing locally) one file under two names."""
+  if storage.resolve(a) == storage.resolve(b):
+    return True
+  if storage.is_remote(a) or storage.is_remote(b):
+    return False
+  try:
+    return os.path.samefile(a, b)
+  except OSError:  # one of them does not exist (yet)
+    return False

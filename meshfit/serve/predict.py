@@ -71,19 +71,21 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
   """
   config = config_lib.parse(config)
   config_lib.check_devices(config, jax.device_count())
-  if storage.absolute(input_path) == storage.absolute(output_path):
+  if outputs_lib.same_file(input_path, output_path):
     raise UsageError(f'--output {output_path!r} is the --input file; writing '
                      'predictions there would replace the input; name another '
                      'file')
   outputs_lib.check_outside_run(output_path, workdir, '--output')
   outputs_lib.check_output_file(output_path)
-  if interval is not None and config.model.likelihood != 'gaussian':
-    raise UsageError(
-        f'--interval: this model was trained with model.likelihood='
-        f"'{config.model.likelihood}' and predicts no distribution; drop "
-        "--interval, or train with --config.model.likelihood=gaussian")
   with reading.SavedModel(workdir, step) as saved:
-    plan, step = saved.plan, saved.step
+    # The checkpoint's own record of its model decides, not config.json.
+    config = saved.model_config(config)
+    if interval is not None and config.model.likelihood != 'gaussian':
+      raise UsageError(
+          f'--interval: this model was trained with model.likelihood='
+          f"'{config.model.likelihood}' and predicts no distribution; drop "
+          "--interval, or train with --config.model.likelihood=gaussian")
+    plan = saved.plan
     target_names = plan.targets
     # The file is checked before the (slower) restore of the arrays.
     frame = table_files.read_frame(input_path, '--input')
@@ -94,6 +96,7 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
     keep = (table_files.pass_through(frame, keep_columns, input_path,
                                      '--input') if keep_columns else None)
     setup, state = saved.restore(config)
+  step = saved.step  # the next one, where rotation deleted the chosen one
   outputs = inference.predict_table(setup, state, x_NxF,
                                     config.eval_batch_size, interval)
   if not setup.distribution:
