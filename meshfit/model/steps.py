@@ -3,11 +3,11 @@
 `train_step` is one optimizer step of every member of the ensemble (vmapped
 over the state's member dimension); `train_call` runs many of them in one
 jitted call, the way training runs (eval and predict: forward.py). The
-model is rebuilt
-from (graphdef, params) inside the traced function, so NNX's graph traversal
-happens once at trace time, never per call (`nnx.jit` runs a small MLP's
-step several times slower than `jax.jit` over the split state:
-docs/performance.md).
+model is rebuilt from (graphdef, params) inside the traced function, so
+NNX's graph traversal happens once at trace time, never per call
+(`nnx.jit` runs a small MLP's step several times slower than `jax.jit`
+over the split state: docs/performance.md). The steps' inputs are encoded
+by `encode` (jitted for a resident table and for streamed chunks).
 """
 
 import functools
