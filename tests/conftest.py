@@ -35,19 +35,9 @@ def data_dir(tmp_path_factory) -> str:
 
 @pytest.fixture
 def small_config(data_dir):
-  """The default config shrunk to run in seconds."""
-  from configs import default  # noqa: PLC0415
-  config = default.get_config()
-  config.dataset.data_dir = data_dir
-  config.model.hidden_sizes = (32, 32)
-  config.batch_size = 64
-  config.eval_batch_size = 256
-  config.num_train_steps = 60
-  config.log_every_steps = 10
-  config.eval_every_steps = 30
-  config.checkpoint_every_steps = 20
-  config.optimizer.warmup_steps = 10
-  return config
+  """The default config shrunk to run in seconds (model_helpers.SMALL)."""
+  from model_helpers import shrunk_config  # noqa: PLC0415  (imports jax)
+  return shrunk_config(data_dir)
 
 
 @pytest.fixture

@@ -1,15 +1,17 @@
-"""Building blocks the unit tests share: configs from configs/default.py's
-defaults, and a single jitted train step as a reference for the loop's
-multi-step calls."""
+"""Building blocks the tests share: configs from configs/default.py's
+defaults (the small config most tests train, `shrunk_config`), and a single
+jitted train step as a reference for the loop's multi-step calls."""
 
 from collections.abc import Callable
 
 import jax
+import ml_collections
 import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh
 
+from cli_helpers import override
 from configs import default
 from meshfit.config import DatasetConfig
 from meshfit.data.features import InputLayout
@@ -18,6 +20,30 @@ from meshfit.model.state import TrainState
 from meshfit.model.steps import Batch, encode, train_step
 from meshfit.parallel import sharding
 from models.mlp import MlpConfig
+
+
+# configs/default.py shrunk to train in seconds: the keys most tests share.
+SMALL = {
+    'model.hidden_sizes': (32, 32),
+    'batch_size': 64,
+    'eval_batch_size': 256,
+    'num_train_steps': 60,
+    'log_every_steps': 10,
+    'eval_every_steps': 30,
+    'checkpoint_every_steps': 20,
+    'optimizer.warmup_steps': 10,
+}
+
+
+def shrunk_config(data_dir: str, overrides: dict | None = None
+                  ) -> ml_collections.ConfigDict:
+  """configs/default.py shrunk to train in seconds (SMALL), reading the
+  tests' TFDS data in `data_dir`, with `overrides` on top (dotted keys:
+  {'model.hidden_sizes': (64, 64), ...})."""
+  config = default.get_config()
+  override(config, {'dataset.data_dir': data_dir, **SMALL,
+                    **(overrides or {})})
+  return config
 
 
 def mlp_config(**overrides) -> MlpConfig:
@@ -44,12 +70,13 @@ def jit_train_step(graphdef: nnx.GraphDef, layout: InputLayout,
                    member_tx: Callable[[Hyperparameters],
                                        optax.GradientTransformation],
                    state_shardings: TrainState, mesh: Mesh,
-                   log_every_steps: int, dropout: bool = False
+                   dropout: bool = False
                    ) -> Callable[[TrainState, Batch],
                                  tuple[TrainState, jax.Array]]:
   """One `train_step` on each member's batch of input columns and targets
   (M x B x ...), jitted: state donated, shardings pinned both ways (a
-  reference for `train_call`)."""
+  reference for `train_call`'s losses; the train metrics are left as they
+  are)."""
   batch = sharding.member_batch_sharding(mesh)
 
   def step(state, batch):
@@ -59,7 +86,7 @@ def jit_train_step(graphdef: nnx.GraphDef, layout: InputLayout,
     batch_z = {name: a.reshape(x.shape[:2] + a.shape[1:])
                for name, a in flat.items()}
     return train_step(state, batch_z, graphdef=graphdef, member_tx=member_tx,
-                      log_every_steps=log_every_steps, dropout=dropout)[:2]
+                      dropout=dropout)[:2]
   return jax.jit(
       step,
       in_shardings=(state_shardings, {'x': batch, 'y': batch}),

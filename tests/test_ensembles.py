@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from cli_helpers import run_train
+from model_helpers import shrunk_config
 from meshfit.errors import UsageError
 from meshfit.report import writers
 from meshfit.serve import evaluate, predict
@@ -22,27 +23,18 @@ pytestmark = pytest.mark.slow
 def _ensemble_config(data_dir):
   """Four gaussian members, two learning rates, chosen greedily on
   validation rows, over a 2 x 2 x 2 mesh."""
-  from configs import default  # noqa: PLC0415
-  config = default.get_config()
-  config.dataset.data_dir = data_dir
-  config.dataset.validation = 0.2
-  config.model.hidden_sizes = (32, 32)
-  config.model.ensemble_size = 4
-  config.model.likelihood = 'gaussian'
-  config.sweep.learning_rates = (3e-3, 1e-2)
-  config.sweep.select = 'greedy'
-  config.mesh.members = 2
-  config.mesh.model = 2
-  config.batch_size = 64
-  config.eval_batch_size = 512
-  config.num_train_steps = 60
-  config.log_every_steps = 10
-  config.eval_every_steps = 20
-  config.checkpoint_every_steps = 20
-  config.optimizer.warmup_steps = 10
-  config.optimizer.schedule = 'constant'
-  config.plots = False
-  return config
+  return shrunk_config(data_dir, {
+      'dataset.validation': 0.2,
+      'model.ensemble_size': 4,
+      'model.likelihood': 'gaussian',
+      'sweep.learning_rates': (3e-3, 1e-2),
+      'sweep.select': 'greedy',
+      'mesh.members': 2,
+      'mesh.model': 2,
+      'eval_batch_size': 512,
+      'eval_every_steps': 20,
+      'optimizer.schedule': 'constant',
+      'plots': False})
 
 
 def _records(workdir, key):

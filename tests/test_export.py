@@ -24,8 +24,9 @@ import pandas as pd
 import pytest
 
 from cli_helpers import regression_frame, run_train
+from model_helpers import shrunk_config
 from test_column_plan import AWKWARD_DATES
-from configs import csv as csv_config, default
+from configs import csv as csv_config
 from input_pipeline import column_plan
 from input_pipeline.column_plan import ColumnPlan
 from meshfit import config as config_lib
@@ -82,15 +83,9 @@ def _train_csv(tmp) -> str:
 def _train_synthetic(tmp, data_dir: str) -> str:
   """Friedman #1 trained in this process on a 4 x 2 mesh, then evaluated
   (eval/step_60.json)."""
-  config = default.get_config()
-  config.dataset.data_dir = data_dir
-  config.model.hidden_sizes = (32, 32)
-  config.batch_size = 64
-  config.eval_batch_size = 256
-  config.num_train_steps = 60
-  config.eval_every_steps = 60
-  config.mesh.model = 2
-  config.plots = False
+  config = shrunk_config(data_dir, {'eval_every_steps': 60,
+                                    'checkpoint_every_steps': 0,
+                                    'mesh.model': 2, 'plots': False})
   workdir = str(tmp / 'synthetic_run')
   loop.train_and_evaluate(config, workdir)
   evaluate.evaluate(config, workdir)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import pytest
 
+from cli_helpers import override
 from configs import default
 from meshfit.report import writers
 from meshfit.train import loop
@@ -192,13 +193,7 @@ def _one_process(args: list[str], devices: int) -> subprocess.CompletedProcess:
 def _train_in_process(data_dir: str, workdir: str, **changes) -> None:
   """1 process x 8 devices: the pytest process itself (conftest.py)."""
   config = default.get_config()
-  for key, value in {**OVERRIDES, 'dataset.data_dir': data_dir,
-                     **changes}.items():
-    *parents, leaf = key.split('.')
-    node = config
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+  override(config, {**OVERRIDES, 'dataset.data_dir': data_dir, **changes})
   loop.train_and_evaluate(config, workdir)
 
 

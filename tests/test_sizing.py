@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from cli_helpers import override
 from meshfit import config as config_lib
 from meshfit.errors import UsageError
 from meshfit.config import sizing
@@ -26,14 +27,9 @@ def test_the_batch_divides_over_the_data_devices():
 
 
 def _parsed(small_config, **overrides):
-  small_config = small_config.copy_and_resolve_references()
-  for key, value in overrides.items():
-    node = small_config
-    *parents, leaf = key.split('.')
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  return config_lib.parse(small_config)
+  config = small_config.copy_and_resolve_references()
+  override(config, overrides)
+  return config_lib.parse(config)
 
 
 def test_keys_left_at_zero_are_sized_and_the_others_kept(small_config):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from model_helpers import dataset_config, jit_train_step
+from model_helpers import dataset_config, jit_train_step, shrunk_config
 from meshfit import config as config_lib
 from meshfit.data import feeding, splits as splits_lib
 from meshfit.data.features import FeatureStats, InputLayout
@@ -57,25 +57,13 @@ def _losses(config, splits, mesh, num_steps, chunk_sizes=None,
 
 
 @pytest.fixture(scope='module')
-def one_device_run(request):
-  config = request.getfixturevalue('small_config')
-  config.model.hidden_sizes = (64, 64)
+def one_device_run(data_dir):
+  config = shrunk_config(data_dir, {'model.hidden_sizes': (64, 64),
+                                    'num_train_steps': 100})
   splits = splits_lib.load_splits(dataset_config(config.dataset),
                             config.seed)
   mesh = sharding.make_mesh(1, 1, jax.devices()[:1])
   return config, splits, _losses(config, splits, mesh, 40)
-
-
-@pytest.fixture(scope='module')
-def small_config(data_dir):
-  from configs import default  # noqa: PLC0415
-  config = default.get_config()
-  config.dataset.data_dir = data_dir
-  config.batch_size = 64
-  config.log_every_steps = 10
-  config.optimizer.warmup_steps = 10
-  config.num_train_steps = 100
-  return config
 
 
 @pytest.mark.parametrize('shape', MESHES)
@@ -119,8 +107,7 @@ def test_one_step_per_call_matches_the_single_step(one_device_run):
                        splits.train.y_NxT),
       optim.Hyperparameters.of(config_lib.parse(config)))
   step_fn = jit_train_step(setup.graphdef, setup.arch.layout,
-                                 setup.member_tx, setup.shardings, mesh,
-                                 config.log_every_steps)
+                                 setup.member_tx, setup.shardings, mesh)
   feed = feeding.TrainFeed(
       splits.train, batch_size=config.batch_size,
       seed=config.seed, mesh=mesh, steps_per_call=1, resident=False)

@@ -12,6 +12,8 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 from tensorboard.util import tensor_util
 
+from cli_helpers import override
+from model_helpers import shrunk_config
 from meshfit import config as config_lib
 from meshfit.checkpoints import checkpointer, workdir_lock
 from meshfit.config import json_files
@@ -34,17 +36,18 @@ def _losses(workdir):
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory, data_dir):
   """A 4 x 2 mesh run of 200 steps, shared by the tests that only read it."""
-  from configs import default  # noqa: PLC0415
-  config = default.get_config()
-  config.dataset.data_dir = data_dir
-  config.model.hidden_sizes = (64, 64)
-  config.num_train_steps = 200
-  config.log_every_steps = 20
-  config.eval_every_steps = 100
-  config.checkpoint_every_steps = 100
-  config.optimizer.warmup_steps = 20
-  config.optimizer.learning_rate = 1e-2
-  config.mesh.model = 2
+  config = shrunk_config(data_dir, {
+      'model.hidden_sizes': (64, 64),
+      # The default batches: the loss bounds below were set on them.
+      'batch_size': 256,
+      'eval_batch_size': 1024,
+      'num_train_steps': 200,
+      'log_every_steps': 20,
+      'eval_every_steps': 100,
+      'checkpoint_every_steps': 100,
+      'optimizer.warmup_steps': 20,
+      'optimizer.learning_rate': 1e-2,
+      'mesh.model': 2})
   workdir = str(tmp_path_factory.mktemp('run'))
   final = loop.train_and_evaluate(config, workdir)
   return config, workdir, final
@@ -192,11 +195,7 @@ def test_finished_run_does_no_more_steps(small_config, tmp_path):
 ])
 def test_each_bad_setting_is_a_usage_error(small_config, key, value, message,
                                            tmp_path):
-  *parents, leaf = key.split('.')
-  node = small_config
-  for p in parents:
-    node = node[p]
-  node[leaf] = value
+  override(small_config, {key: value})
   with pytest.raises(UsageError, match=message):
     loop.train_and_evaluate(small_config, str(tmp_path / 'w'))
   assert not os.path.exists(tmp_path / 'w')  # nothing written
@@ -227,11 +226,7 @@ def test_resume_refuses_a_config_that_changes_the_run(small_config, tmp_path):
                      ('dataset.name', 'synthetic_regression/linear'),
                      ('seed', 7), ('batch_size', 128)):
     changed = small_config.copy_and_resolve_references()
-    *parents, leaf = key.split('.')
-    node = changed
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
+    override(changed, {key: value})
     with pytest.raises(UsageError, match=rf'checkpoint of step 60 was trained '
                        rf'with a different config: {re.escape(key)} '):
       loop.train_and_evaluate(changed, workdir)

@@ -43,18 +43,11 @@ def _validation_fraction(self) -> float:
   return float(self.validation) if 0 < self.validation < 1 else 0.0
 
 
-def _standardize(self) -> bool:
-  """Whether numbers and targets are scaled (`numeric_scaling` not
-  'none')."""
-  return self.numeric_scaling != 'none'
-
-
 DatasetConfig = _section(
     'DatasetConfig', 'dataset',
     'config.dataset: which data, and how it is read.',
     validation_folds=property(_validation_folds),
-    validation_fraction=property(_validation_fraction),
-    standardize=property(_standardize))
+    validation_fraction=property(_validation_fraction))
 OptimizerConfig = _section(
     'OptimizerConfig', 'optimizer',
     'config.optimizer: optax optimizer and learning-rate schedule.')
