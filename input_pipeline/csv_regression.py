@@ -51,7 +51,8 @@ import numpy as np
 from absl import logging
 
 import storage
-from input_pipeline import cells, column_plan, file_keys, table_files
+from input_pipeline import (cells, column_kinds, column_plan, file_keys,
+                            table_files)
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 from input_pipeline.paths import named
@@ -216,16 +217,16 @@ def _write_plan(directory: str, files: Sequence[str], source: str,
   frame = _sample(files, source)
   name = files[0] if len(files) == 1 else ', '.join(files)
   try:
-    plan = column_plan.fit(frame, path=name, source=source, **selection)
+    plan = column_kinds.fit(frame, path=name, source=source, **selection)
   except DataError:
     if len(files) == 1:
       raise
     # Name the file and its row: fit each file's sample alone.
     for path in files:
-      column_plan.fit(_sample([path], source), path=path, source=source,
-                      **selection)
+      column_kinds.fit(_sample([path], source), path=path, source=source,
+                       **selection)
     raise
-  if (warning := column_plan.left_out_warning(plan)) is not None:
+  if (warning := column_kinds.left_out_warning(plan)) is not None:
     logging.warning('csv_regression: %s.', warning)
   _warn_of_tokens(files, plan)
   for target in plan.targets:

@@ -2,11 +2,12 @@
 
 A file is Parquet when its name ends in `.parquet` or `.pq` and CSV (a header
 row; fields separated by commas, semicolons, tabs or bars, detected from the
-header) otherwise. Every problem with a file raises `DataError` naming the
-file and, where there is one, the column and the first bad row (what a cell
-may hold is the column plan's to check: column_plan.py). Rows are counted as
-*data rows*, 1-based, the header not counted: data row 1 is the first row
-under the header (line 2 of a plain CSV file).
+header: csv_text.py reads a CSV file's dialect) otherwise. Every problem with
+a file raises `DataError` naming the file and, where there is one, the column
+and the first bad row (what a cell may hold is the column plan's to check:
+column_plan.py). Rows are counted as *data rows*, 1-based, the header not
+counted: data row 1 is the first row under the header (line 2 of a plain CSV
+file).
 
 A path may be local or a gs:// URL: files are read through the `storage`
 layer, a large one in pieces (ranged reads on gs://), never downloaded whole
@@ -19,20 +20,18 @@ already prepared dataset never parses a file.
 
 from __future__ import annotations
 
-import codecs
 import collections
 import contextlib
 import errno
 import gzip
 import io
-import re
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 import storage
-from input_pipeline import cells
-from input_pipeline.errors import DataError
+from input_pipeline import cells, csv_text
+from input_pipeline.errors import DataError, one_line
 from input_pipeline.paths import named
 
 if TYPE_CHECKING:
@@ -44,11 +43,6 @@ PARQUET_SUFFIXES = ('.parquet', '.pq')
 def is_parquet(path: str) -> bool:
   """Whether `path` is read and written as Parquet (else CSV)."""
   return path.lower().endswith(PARQUET_SUFFIXES)
-
-
-def _one_line(error: Exception) -> str:
-  """A library's message on one line: `train.py` prints a single error line."""
-  return ' '.join(str(error).split())
 
 
 def describe(path: str, source: str = '') -> str:
@@ -69,51 +63,6 @@ def read_bytes(path: str, source: str = '') -> bytes:
   check_file(path, source)
   with storage.open(path, 'rb') as f:
     return f.read()
-
-
-# The first bytes of a compressed file: gzip is read (a .csv.gz, as pandas
-# and Arrow read one); the others are named, with what to do.
-_GZIP_MAGIC = b'\x1f\x8b'
-_OTHER_COMPRESSIONS = {b'BZh': 'bzip2', b'PK\x03\x04': 'zip',
-                       b'\xfd7zXZ\x00': 'xz', b'\x28\xb5\x2f\xfd': 'zstd'}
-
-
-def _check_compression(head: bytes, name: str) -> bool:
-  """Whether a CSV file starting with `head` is gzip-compressed.
-
-  Raises:
-    DataError: it is compressed otherwise (bzip2, zip, xz, zstd).
-  """
-  for magic, kind in _OTHER_COMPRESSIONS.items():
-    if head.startswith(magic):
-      raise DataError(f'{name} is compressed with {kind}; meshfit reads CSV '
-                      'files as text or gzip-compressed (.csv.gz), and '
-                      'Parquet: decompress it, or compress it with gzip')
-  return head.startswith(_GZIP_MAGIC)
-
-
-def _csv_bytes(data: bytes, name: str) -> bytes:
-  """A CSV file's text as bytes: `data`, decompressed if gzip."""
-  if not _check_compression(data[:8], name):
-    return data
-  try:
-    return gzip.decompress(data)
-  except (OSError, EOFError) as e:
-    raise DataError(f'{name} is not a readable gzip file ({_one_line(e)}); '
-                    'compress it again, or give it uncompressed') from None
-
-
-@contextlib.contextmanager
-def _open_csv(path: str, name: str) -> Iterator[IO[bytes]]:
-  """A CSV file opened to read its text as bytes (decompressed if gzip)."""
-  with storage.open(path, 'rb') as f:
-    packed = _check_compression(f.read(8), name)
-    f.seek(0)
-    if not packed:
-      yield f
-      return
-    with gzip.GzipFile(fileobj=f, mode='rb') as text:
-      yield text
 
 
 def _unreachable(path: str) -> str | None:
@@ -168,87 +117,11 @@ def _duplicate_error(name: str, header: Sequence[object]) -> DataError | None:
   return None
 
 
-# The cells pandas' CSV reader makes missing: an empty one and
-# cells.MISSING_TOKENS (column_plan makes a padded or Parquet one missing).
-_NA_VALUES = ['', *cells.MISSING_TOKENS]
-# Field separators a header is checked for, in order of preference.
-DELIMITERS = (',', ';', '\t', '|')
-# The separator of files whose decimal mark is a comma: a spreadsheet in a
-# decimal-comma locale writes CSV so (cells.py reads their numbers).
-DECIMAL_COMMA_DELIMITER = ';'
-
-
-def _csv_options(delimiter: str) -> dict:
-  """pandas.read_csv's options for a file of this field separator."""
-  # skipinitialspace: "a, b" headers and values are common in hand-made
-  # files. index_col=False: rows with one field more than the header would
-  # otherwise silently shift every column onto the first one as an index.
-  options = dict(skipinitialspace=True, index_col=False, sep=delimiter,
-                 keep_default_na=False)
-  if delimiter == DECIMAL_COMMA_DELIMITER:
-    options['decimal'] = ','
-  return options
-
-
-def _marked(frame: pd.DataFrame, delimiter: str) -> pd.DataFrame:
-  """`frame`, marked with its file's decimal mark for cells.py."""
-  if delimiter == DECIMAL_COMMA_DELIMITER:
-    frame.attrs[cells.DECIMAL_ATTR] = ','
-  return frame
-
-
-def detect_delimiter(data: bytes) -> str:
-  """The field separator of a CSV file, read from its header line.
-
-  The one of DELIMITERS that the header holds most often (outside quotes);
-  a comma when it holds none (a one-column file).
-  """
-  header = data.split(b'\n', 1)[0].decode('utf-8', errors='replace')
-  unquoted = re.sub(r'"[^"]*"', '', header)
-  counts = {d: unquoted.count(d) for d in DELIMITERS}
-  best = max(DELIMITERS, key=lambda d: counts[d])
-  return best if counts[best] else ','
-
-
-def _not_utf8(name: str, pieces: Iterator[bytes]) -> DataError:
-  """The error for a file that is not UTF-8: where, and what to do.
-
-  pandas' own message counts bytes from the start of its buffer and says
-  nothing of a line, so the file is read again up to its first bad byte.
-  """
-  buffer, offset, lines = b'', 0, 0
-  for piece in [*pieces, None]:
-    try:
-      if piece is None:  # the end: a character cut short is bad too
-        codecs.utf_8_decode(buffer, 'strict', True)
-        break
-      buffer += piece
-      _, used = codecs.utf_8_decode(buffer, 'strict', False)
-    except UnicodeDecodeError as e:
-      lines += buffer.count(b'\n', 0, e.start)
-      return DataError(
-          f'{name} is not UTF-8: line {lines + 1} holds byte '
-          f'0x{buffer[e.start]:02x} (byte {offset + e.start + 1} of the '
-          'file), which UTF-8 text cannot; re-save the file as UTF-8 (in a '
-          'spreadsheet: "CSV UTF-8"), or write it as Parquet')
-    lines += buffer.count(b'\n', 0, used)
-    offset += used
-    buffer = buffer[used:]
-  return DataError(f'{name} is not UTF-8 text; re-save the file as UTF-8, '
-                   'or write it as Parquet')
-
-
-def _pieces(path: str, name: str) -> Iterator[bytes]:
-  with _open_csv(path, name) as f:
-    while piece := f.read(1 << 20):
-      yield piece
-
-
 def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
-  data = _csv_bytes(data, name)
-  delimiter = detect_delimiter(data)
-  options = _csv_options(delimiter)
+  data = csv_text.csv_bytes(data, name)
+  delimiter = csv_text.detect_delimiter(data)
+  options = csv_text.csv_options(delimiter)
   try:
     with warnings.catch_warnings():
       # The warning for rows longer than the header: data would be dropped.
@@ -256,23 +129,23 @@ def _parse_csv(data: bytes, name: str) -> pd.DataFrame:
       # pandas renames a repeated column 'a' to 'a.1'; read the header raw.
       header = pd.read_csv(io.BytesIO(data), header=None, nrows=1, dtype=str,
                            **options).iloc[0].tolist()
-      frame = pd.read_csv(io.BytesIO(data), na_values=_NA_VALUES,
+      frame = pd.read_csv(io.BytesIO(data), na_values=csv_text.NA_VALUES,
                           **options)
   except pd.errors.EmptyDataError:
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row') from None
   except UnicodeDecodeError:
-    raise _not_utf8(name, iter([data])) from None
+    raise csv_text.not_utf8(name, iter([data])) from None
   except (pd.errors.ParserError, pd.errors.ParserWarning, ValueError) as e:
     separated = {',': 'comma', ';': 'semicolon', '\t': 'tab',
                  '|': 'bar'}[delimiter]
-    raise DataError(f'{name} is not a readable CSV file ({_one_line(e)}); '
+    raise DataError(f'{name} is not a readable CSV file ({one_line(e)}); '
                      f'check that every row has as many {separated}-separated '
                      'fields as the header, or name a Parquet file .parquet'
                      ) from None
   if (error := _duplicate_error(name, header)) is not None:
     raise error
-  return _marked(frame, delimiter)
+  return csv_text.marked(frame, delimiter)
 
 
 def _parse_parquet(data: bytes, name: str) -> pd.DataFrame:
@@ -285,7 +158,7 @@ def _parse_parquet(data: bytes, name: str) -> pd.DataFrame:
     table = pq.read_table(io.BytesIO(data))
   except (pa.ArrowException, OSError) as e:
     raise DataError(f'{name} is not a readable Parquet file '
-                     f'({_one_line(e)}); write it again, or name a CSV file '
+                     f'({one_line(e)}); write it again, or name a CSV file '
                      '.csv') from None
   if (error := _duplicate_error(name, table.column_names)) is not None:
     raise error
@@ -346,41 +219,41 @@ def iter_frames(path: str, source: str, chunk_rows: int
 def _csv_frames(path: str, name: str, chunk_rows: int
                 ) -> Iterator[pd.DataFrame]:
   import pandas as pd  # noqa: PLC0415  (see the module doc)
-  with _open_csv(path, name) as f:
+  with csv_text.open_csv(path, name) as f:
     head = f.read(1 << 16)
   if not head.strip():
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row')
-  delimiter = detect_delimiter(head)
-  options = _csv_options(delimiter)
+  delimiter = csv_text.detect_delimiter(head)
+  options = csv_text.csv_options(delimiter)
   separated = {',': 'comma', ';': 'semicolon', '\t': 'tab',
                '|': 'bar'}[delimiter]
   errors = (pd.errors.ParserError, pd.errors.ParserWarning, ValueError)
   try:
     with warnings.catch_warnings():
       warnings.simplefilter('error', pd.errors.ParserWarning)
-      with _open_csv(path, name) as f:
+      with csv_text.open_csv(path, name) as f:
         header = pd.read_csv(f, header=None, nrows=1, dtype=str,
                              **options).iloc[0].tolist()
       if (error := _duplicate_error(name, header)) is not None:
         raise error
       # On gs:// a buffered file of sequential ranged reads: the file
       # streams through, as a local one does.
-      with _open_csv(path, name) as f, pd.read_csv(
-          f, na_values=_NA_VALUES, chunksize=chunk_rows,
+      with csv_text.open_csv(path, name) as f, pd.read_csv(
+          f, na_values=csv_text.NA_VALUES, chunksize=chunk_rows,
           **options) as reader:
         for frame in reader:
-          yield _marked(frame, delimiter)
+          yield csv_text.marked(frame, delimiter)
   except pd.errors.EmptyDataError:
     raise DataError(f'{name} is empty; it needs a header row and at least '
                      'one data row') from None
   except UnicodeDecodeError:
-    raise _not_utf8(name, _pieces(path, name)) from None
+    raise csv_text.not_utf8(name, csv_text.read_in_pieces(path, name)) from None
   except (gzip.BadGzipFile, EOFError) as e:
-    raise DataError(f'{name} is not a readable gzip file ({_one_line(e)}); '
+    raise DataError(f'{name} is not a readable gzip file ({one_line(e)}); '
                     'compress it again, or give it uncompressed') from None
   except errors as e:
-    raise DataError(f'{name} is not a readable CSV file ({_one_line(e)}); '
+    raise DataError(f'{name} is not a readable CSV file ({one_line(e)}); '
                      f'check that every row has as many {separated}-separated '
                      'fields as the header, or name a Parquet file .parquet'
                      ) from None
@@ -415,7 +288,7 @@ def _parquet_frames(path: str, name: str, chunk_rows: int
           yield batch.to_pandas()
   except (pa.ArrowException, OSError) as e:
     raise DataError(f'{name} is not a readable Parquet file '
-                     f'({_one_line(e)}); write it again, or name a CSV file '
+                     f'({one_line(e)}); write it again, or name a CSV file '
                      '.csv') from None
 
 
@@ -443,11 +316,11 @@ def missing_tokens(path: str, columns: Sequence[str], rows: int
                                                   columns=list(columns)))
       frame = batch.to_pandas()
   else:
-    with _open_csv(path, path) as f:
-      delimiter = detect_delimiter(f.read(1 << 16))
-    with _open_csv(path, path) as f:
+    with csv_text.open_csv(path, path) as f:
+      delimiter = csv_text.detect_delimiter(f.read(1 << 16))
+    with csv_text.open_csv(path, path) as f:
       frame = pd.read_csv(f, usecols=list(columns), nrows=rows, dtype=str,
-                          na_filter=False, **_csv_options(delimiter))
+                          na_filter=False, **csv_text.csv_options(delimiter))
   out = {}
   for column in columns:
     counts = collections.Counter(
@@ -507,14 +380,14 @@ def pass_through(frame: pd.DataFrame, columns: Sequence[str], path: str,
       raise missing_column_error(frame, column, name, ' (asked to keep it)')
   data = read_bytes(path, source)
   if not is_parquet(path):
-    data = _csv_bytes(data, name)
+    data = csv_text.csv_bytes(data, name)
   if is_parquet(path):
     kept = pq.read_table(io.BytesIO(data), columns=list(columns)).to_pandas(
         types_mapper=pd.ArrowDtype)
   else:
     # By position: the frame's names are pandas' (stripped, 'Unnamed: 3').
     positions = sorted(list(frame.columns).index(c) for c in columns)
-    options = {**_csv_options(detect_delimiter(data)),
+    options = {**csv_text.csv_options(csv_text.detect_delimiter(data)),
                'skipinitialspace': False}
     options.pop('decimal', None)
     kept = pd.read_csv(io.BytesIO(data), usecols=positions, dtype=str,

@@ -1,4 +1,5 @@
-"""input_pipeline.column_plan: every column's kind, and encoding with it."""
+"""input_pipeline.column_kinds and column_plan: every column's kind, and
+encoding with it."""
 
 import re
 
@@ -6,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from input_pipeline import cells, column_plan
+from input_pipeline import cells, column_kinds, column_plan
 from input_pipeline.column_plan import ColumnPlan
 from input_pipeline.errors import DataError
 
@@ -32,7 +33,7 @@ def _table(n: int = N, seed: int = 0) -> pd.DataFrame:
 
 
 def _fit(frame, **kwargs) -> ColumnPlan:
-  return column_plan.fit(frame, ('price',), path='train.csv', **kwargs)
+  return column_kinds.fit(frame, ('price',), path='train.csv', **kwargs)
 
 
 def test_each_column_gets_its_kind():
@@ -45,7 +46,7 @@ def test_each_column_gets_its_kind():
   assert plan.input_names[4:] == tuple(
       f'sold.{p}' for p in column_plan.DATETIME_PARTS)
   assert 'nearly one value per row' in plan.left_out[0].reason
-  warning = column_plan.left_out_warning(plan)
+  warning = column_kinds.left_out_warning(plan)
   assert 'id (nearly one value per row' in warning
   assert 'dataset.categorical_columns' in warning
 
@@ -159,12 +160,12 @@ def test_codes_with_a_recurring_word_are_a_category():
   grade = rng.choice(['9', '10', '11', '12'], 60).astype(object)
   grade[[3, 20, 41]] = 'other'
   frame = pd.DataFrame({'grade': grade, 'y': rng.normal(size=60)})
-  column = column_plan.fit(frame, ('y',)).features[0]
+  column = column_kinds.fit(frame, ('y',)).features[0]
   assert column.kind == 'category' and 'other' in column.vocabulary
   frame['grade'] = rng.normal(size=60).astype(object)
   frame.loc[[3, 20, 41], 'grade'] = 'other'
   with pytest.raises(DataError, match="'other' is not a number"):
-    column_plan.fit(frame, ('y',))
+    column_kinds.fit(frame, ('y',))
 
 
 def test_a_typo_in_a_number_column_is_named_with_the_fix():
@@ -219,7 +220,7 @@ def _dates_plan() -> ColumnPlan:
   days = pd.date_range('2019-01-01 06:00', periods=30, freq='37h')
   frame = pd.DataFrame({'when': days.strftime('%Y-%m-%dT%H:%M:%S'),
                         'y': np.arange(30.0)})
-  return column_plan.fit(frame, ('y',), path='train.csv')
+  return column_kinds.fit(frame, ('y',), path='train.csv')
 
 
 def test_awkward_dates_read_as_one_parser_reads_them(caplog):
@@ -246,11 +247,11 @@ def test_a_date_column_with_a_bad_cell_is_refused_in_training():
                         'y': np.arange(28.0)})
   frame.loc[5, 'when'] = '2020-02-30'
   with pytest.raises(DataError) as e:
-    column_plan.fit(frame, ('y',), path='train.csv')
+    column_kinds.fit(frame, ('y',), path='train.csv')
   assert ("'train.csv', column 'when', data row 6 (1-based, header not "
           "counted): '2020-02-30' is not a date") in str(e.value)
   assert 'YYYY-MM-DD' in str(e.value)
-  plan = column_plan.fit(frame.drop(5), ('y',), path='train.csv')
+  plan = column_kinds.fit(frame.drop(5), ('y',), path='train.csv')
   with pytest.raises(DataError, match="data row 6 .*'2020-02-30' is not a "
                      'date'):
     plan.encode(frame, 'eval.csv', 'dataset.eval_path', training=True)
@@ -306,7 +307,7 @@ def test_grouped_thousands_and_percents_are_numbers():
       'share': [f'{i + 0.5}%' for i in range(n)],
       'when': [f'{1 + i % 12:02d}/{1 + i:02d}/2021' for i in range(n)],
       'y': np.arange(n, dtype=float)})
-  plan = column_plan.fit(frame, ('y',), path='train.csv')
+  plan = column_kinds.fit(frame, ('y',), path='train.csv')
   kinds = {c.name: c.kind for c in plan.features}
   assert kinds == {'income': 'number', 'share': 'number',
                    'when': 'left_out'}
@@ -318,7 +319,7 @@ def test_grouped_thousands_and_percents_are_numbers():
   # Commas that are not thousands groups are no number (a decimal comma).
   frame.loc[4, 'income'] = '4,5'
   with pytest.raises(DataError, match="data row 5 .*'4,5' is not a number"):
-    column_plan.fit(frame, ('y',), path='train.csv')
+    column_kinds.fit(frame, ('y',), path='train.csv')
 
 
 def test_money_with_a_currency_sign_is_a_number():
@@ -328,7 +329,7 @@ def test_money_with_a_currency_sign_is_a_number():
       'price': (money * 5)[:n],
       'rating': ['$$', '$$$'] * (n // 2),  # levels, not money
       'y': np.arange(n, dtype=float)})
-  plan = column_plan.fit(frame, ('y',), path='train.csv')
+  plan = column_kinds.fit(frame, ('y',), path='train.csv')
   kinds = {c.name: c.kind for c in plan.features}
   assert kinds == {'price': 'number', 'rating': 'category'}
   x_NxI, _ = plan.encode(frame, 'train.csv')
@@ -340,7 +341,7 @@ def test_money_with_a_currency_sign_is_a_number():
     frame.loc[4, 'price'] = text
     with pytest.raises(DataError,
                        match=rf"data row 5 .*'{re.escape(text)}' is not a number"):
-      column_plan.fit(frame, ('y',), path='train.csv')
+      column_kinds.fit(frame, ('y',), path='train.csv')
 
 
 def test_list_and_struct_cells_are_left_out_and_refused_as_a_target():
@@ -348,12 +349,12 @@ def test_list_and_struct_cells_are_left_out_and_refused_as_a_target():
                         'tags': [[i, i + 1] for i in range(30)],
                         'point': [{'x': i} for i in range(30)],
                         'y': np.arange(30.0)})
-  plan = column_plan.fit(frame, ('y',), path='train.parquet')
+  plan = column_kinds.fit(frame, ('y',), path='train.parquet')
   reasons = {c.name: c.reason for c in plan.left_out}
   assert set(reasons) == {'tags', 'point'}
   assert 'lists or structs' in reasons['tags']
   with pytest.raises(DataError, match="column 'tags' .* lists or structs"):
-    column_plan.fit(frame, ('tags',), path='train.parquet')
+    column_kinds.fit(frame, ('tags',), path='train.parquet')
 
 
 def test_a_target_without_any_value_is_refused():
@@ -379,13 +380,13 @@ def test_a_parquet_timestamp_column_is_a_date_read_as_its_text_is(tz):
   gets the parts its text would, and encodes to the same numbers."""
   stamps = pd.date_range('2020-01-01 06:00', periods=30, freq='37h', tz=tz)
   frame = pd.DataFrame({'when': stamps, 'y': np.arange(30.0)})
-  plan = column_plan.fit(frame, ('y',), path='train.parquet')
+  plan = column_kinds.fit(frame, ('y',), path='train.parquet')
   as_text = pd.DataFrame({'when': stamps.tz_convert('UTC').strftime(
       '%Y-%m-%dT%H:%M:%SZ') if tz else stamps.strftime('%Y-%m-%dT%H:%M:%S')})
   assert plan.features[0].kind == 'datetime'
   assert plan.features[0].parts == column_plan.DATETIME_PARTS + ('hour',)
-  assert plan == column_plan.fit(as_text.assign(y=frame['y']), ('y',),
-                                 path='train.csv')
+  assert plan == column_kinds.fit(as_text.assign(y=frame['y']), ('y',),
+                                  path='train.csv')
   frame.loc[4, 'when'] = pd.NaT
   as_text.loc[4, 'when'] = ''
   np.testing.assert_array_equal(plan.encode(frame, 'x.parquet')[0],
@@ -396,7 +397,7 @@ def test_a_table_of_targets_alone_is_refused_saying_so():
   frame = pd.DataFrame({'y': np.arange(30.0)})
   with pytest.raises(DataError, match="'train.csv' has no column besides "
                      'the target.s. y: a model needs at least one feature'):
-    column_plan.fit(frame, ('y',), path='train.csv')
+    column_kinds.fit(frame, ('y',), path='train.csv')
 
 
 # Cells that mean missing however a file holds them: a CSV's exact token,
@@ -436,7 +437,7 @@ def test_a_target_of_classes_is_refused_saying_how_to_predict_one():
   frame = pd.DataFrame({'a': np.arange(40.0),
                         'churn': ['no', 'yes', 'no', 'no'] * 10})
   with pytest.raises(DataError) as e:
-    column_plan.fit(frame, ('churn',), path='train.csv')
+    column_kinds.fit(frame, ('churn',), path='train.csv')
   message = str(e.value)
   assert ("column 'churn' (a target) holds the classes 'no', 'yes': "
           'meshfit predicts numbers') in message
@@ -444,7 +445,7 @@ def test_a_target_of_classes_is_refused_saying_how_to_predict_one():
   assert 'fix that cell' not in message
   frame.loc[3, 'churn'] = 'maybe'  # a third class, and a typo in numbers:
   with pytest.raises(DataError, match="the classes 'maybe', 'no', 'yes'"):
-    column_plan.fit(frame, ('churn',), path='train.csv')
+    column_kinds.fit(frame, ('churn',), path='train.csv')
   frame['churn'] = [str(i) if i != 5 else 'x' for i in range(40)]
   with pytest.raises(DataError, match="data row 6 .*'x' is not a number"):
-    column_plan.fit(frame, ('churn',), path='train.csv')
+    column_kinds.fit(frame, ('churn',), path='train.csv')

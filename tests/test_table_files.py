@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from cli_helpers import small_frame as _frame, write_table as _write
 
-from input_pipeline import column_plan, table_files
+from input_pipeline import column_kinds, table_files
 from input_pipeline.errors import DataError
 
 
@@ -126,7 +126,7 @@ def test_a_semicolon_file_reads_decimal_commas_alike_everywhere(tmp_path):
   path = _decimal_comma_table(tmp_path)
   whole = table_files.read_frame(path)  # eval and predict read it so
   chunks = [f for f, _ in table_files.iter_frames(path, '', 7)]  # training
-  plan = column_plan.fit(whole, ('y',), path=path)
+  plan = column_kinds.fit(whole, ('y',), path=path)
   assert [c.kind for c in plan.features] == ['number', 'left_out',
                                               'category']
   want = [0.5, 0.501, 1.5, 0.503]
@@ -144,12 +144,12 @@ def test_a_decimal_comma_elsewhere_is_refused_not_read_as_thousands(
   frame.to_csv(tmp_path / 't.csv', index=False)
   read = table_files.read_frame(str(tmp_path / 't.csv'))
   with pytest.raises(DataError) as e:
-    column_plan.fit(read, ('y',), path='t.csv')
+    column_kinds.fit(read, ('y',), path='t.csv')
   assert f"data row 8 (1-based, header not counted): '{cell}' is not a " in (
       str(e.value))
   assert 'a decimal comma is read in a semicolon-separated file' in str(
       e.value)
-  plan = column_plan.fit(read.drop(7), ('y',), path='t.csv')
+  plan = column_kinds.fit(read.drop(7), ('y',), path='t.csv')
   np.testing.assert_array_equal(plan.encode(read.iloc[:2], 't.csv')[0][:, 0],
                                 [1250, 2500000])
 
