@@ -7,7 +7,6 @@ and one `error: ...` line.
 """
 
 import atexit
-import difflib
 import json
 import os
 import sys
@@ -67,26 +66,13 @@ def _config_error(e: Exception, argv: list[str]) -> str:
 def _unknown_override(argv: list[str]) -> str | None:
   """The first --config.KEY=... whose KEY configs/default.py does not
   declare, with the nearest declared key, or None."""
-  from configs import default  # noqa: PLC0415  (ml_collections only)
+  from meshfit.config import overrides  # noqa: PLC0415  (on errors only)
 
-  def keys(tree: dict, prefix: str = '') -> list[str]:
-    out = []
-    for name, value in tree.items():
-      out.append(prefix + name)
-      if isinstance(value, dict):
-        out += keys(value, f'{prefix}{name}.')
-    return out
-
-  known = keys(default.get_config().to_dict())
   for arg in argv[1:]:
-    if not arg.startswith('--config.'):
-      continue
-    key = arg[len('--config.'):].split('=', 1)[0]
-    if key not in known:
-      close = difflib.get_close_matches(key, known, n=1)
-      hint = f'did you mean {close[0]!r}? ' if close else ''
-      return (f'unknown config key {key!r} in {arg}; {hint}'
-              'configs/default.py declares every key')
+    if arg.startswith('--config.'):
+      key = arg[len('--config.'):].split('=', 1)[0]
+      if (message := overrides.unknown_key_message(key, arg)) is not None:
+        return message
   return None
 
 
