@@ -3,12 +3,14 @@
 At every `eval_every_steps` the loop asks `Evaluations.at` to score each
 member on the validation rows (`meshfit/model/selection.py` weighs them), to
 evaluate the weighted model there (the best step is the best of these) and
-on the eval split; at the end `final` evaluates the model that eval and
-predict use. Without an eval file (a user's one table) the validation rows'
-metrics of that model are the estimate of its error: out of fold with
-cross-fitting, else on the held-out rows. Every checkpoint records the
-latest (`meta`), so that --mode=eval and the model card report the
-estimate of the step they read.
+on the eval split. Evaluating leaves the loop's state as it is: `at`
+returns the weights it chose (a `selection.Choice`) and the loop applies
+them (`with_choice`), so what a checkpoint holds is the loop's doing. At
+the end `final` evaluates the model that eval and predict use. Without an
+eval file (a user's one table) the validation rows' metrics of that model
+are the estimate of its error: out of fold with cross-fitting, else on the
+held-out rows. Every checkpoint records the latest (`meta`), so that
+--mode=eval and the model card report the estimate of the step they read.
 """
 
 import jax
@@ -45,7 +47,6 @@ class Evaluations:
     # The encoded training table (`use_encoded_table`), which a
     # cross-fitted run's validation rows are.
     self._table_z = None
-    self._weights = sharding.member_sharding(setup.mesh)
     self._hparams = optim.Hyperparameters.of(config)
     self.best_state = None  # a device copy of the best step's state
     self.choice: selection.Choice | None = None  # the latest
@@ -80,11 +81,11 @@ class Evaluations:
                                   self._config.eval_batch_size, self._step)
 
   def _choose(self, step: int, state: state_lib.TrainState
-              ) -> state_lib.TrainState:
+              ) -> selection.Choice:
     """Scores every member on the validation rows (cross-fitted: each row
-    by the members that held it out, all the choice reads); the state with
-    the weights `sweep.select` gives them (and, with ridge parts, their
-    weight in the blend)."""
+    by the members that held it out, all the choice reads); the weights
+    `sweep.select` gives them (and, with ridge parts, their weight in the
+    blend), kept as the latest choice."""
     validation = self._splits.validation
     fold_N = self._splits.validation_fold_N
     if self._folds > 1:  # each row from the members that held it out
@@ -103,16 +104,13 @@ class Evaluations:
     if ridge_out is not None:
       self.choice = selection.blend(self.choice, mean, ridge_out, z, fold_N,
                                     self._folds)
-      state = ridge_fit.with_weight(state, self.choice.ridge_weight_T,
-                                self._setup.shardings)
     if state.num_members > 1 and (
         previous is None or previous.chosen() != self.choice.chosen()):
       logging.info('Step %d: %s.', step,
                    self.choice.describe(self._hparams))
     if self._folds > 1:
       self._out_of_fold = self._out_of_fold_metrics(mean, ridge_out, stats)
-    return state.replace(weights_M=jax.device_put(self.choice.weights_M,
-                                                  self._weights))
+    return self.choice
 
   def _out_of_fold_metrics(self, mean_MxNxT, ridge_MxNxT, stats) -> dict:
     """The chosen ensemble's metrics on the validation rows, each row
@@ -134,34 +132,37 @@ class Evaluations:
     return inference.summarize(total, y_std_T, validation.target_names, False)
 
   def at(self, step: int, state: state_lib.TrainState
-         ) -> tuple[state_lib.TrainState, float | None]:
+         ) -> tuple[selection.Choice | None, float | None]:
     """Evaluates `state` on the validation rows, choosing its members
-    there, then on the eval split.
+    there, then on the eval split (with the members' weights chosen).
+
+    `state` is left as it is: the caller applies the choice
+    (`with_choice`).
 
     Returns:
-      The state with its members' weights, and the validation loss if this
-      is the best step so far (else None).
+      The members' weights chosen (None without validation rows), and the
+      validation loss if this is the best step so far (else None).
     """
-    scalars, improved = {}, False
+    scalars, improved, choice = {}, False, None
     if self._splits.validation is not None:
-      state = self._choose(step, state)
+      choice = self._choose(step, state)
+      state = with_choice(state, choice, self._setup)  # this copy only
       validation = self._validate(step, state)
       scalars.update({**_eval_scalars('val', validation),
-                      'val/loss': self.choice.loss})
-      if self.choice.ridge_weight_T is not None:
-        weight_T = self.choice.ridge_weight_T
+                      'val/loss': choice.loss})
+      if choice.ridge_weight_T is not None:
+        weight_T = choice.ridge_weight_T
         scalars['val/ridge_weight'] = float(np.mean(weight_T))
         if len(weight_T) > 1:
           scalars.update({f'val/ridge_weight/{t}': float(w) for t, w in zip(
               self._splits.validation.target_names, weight_T)})
       if state.num_members > 1:
-        best = self.choice.best_member
+        best = choice.best_member
         scalars.update({
-            'val/loss_best_member': float(
-                self.choice.member_losses_M[best]),
-            'val/loss_all_members': self.choice.all_loss,
-            'val/members_chosen': float(len(self.choice.chosen()))})
-      improved = self.tracker.update(step, self.choice.loss)
+            'val/loss_best_member': float(choice.member_losses_M[best]),
+            'val/loss_all_members': choice.all_loss,
+            'val/members_chosen': float(len(choice.chosen()))})
+      improved = self.tracker.update(step, choice.loss)
       if improved:
         self._best = self._latest
     if self._splits.eval is not None and (
@@ -171,7 +172,7 @@ class Evaluations:
       scalars = {**_eval_scalars('eval', result), **scalars}
     self._writer.write_scalars(step, scalars)
     self._writer.flush()
-    return state, (self.tracker.best_loss if improved else None)
+    return choice, (self.tracker.best_loss if improved else None)
 
   def final(self, state: state_lib.TrainState,
             ckpt: checkpointer.Checkpointer, trained: bool) -> dict:
@@ -233,9 +234,30 @@ class Evaluations:
     known = next((e for e in (self._best, self._latest)
                   if e and e['step'] == step), None) or _recorded(ckpt, step)
     if known is None:
-      self._validate(step, self._choose(step, state))
+      self._validate(step, with_choice(state, self._choose(step, state),
+                                       self._setup))
       known = self._latest
     return {k: v for k, v in known.items() if k != 'step'}
+
+
+def with_choice(state: state_lib.TrainState, choice: selection.Choice,
+                setup: Setup) -> state_lib.TrainState:
+  """`state` with the members' weights `choice` gives them (and, with ridge
+  parts, their weight in the blend).
+
+  Args:
+    state: a train state placed by `setup.shardings`.
+    choice: what an evaluation chose on the validation rows.
+    setup: the run's setup (its shardings and mesh place the weights).
+
+  Returns:
+    A new state; `state` is unchanged.
+  """
+  if choice.ridge_weight_T is not None:
+    state = ridge_fit.with_weight(state, choice.ridge_weight_T,
+                                  setup.shardings)
+  return state.replace(weights_M=jax.device_put(
+      choice.weights_M, sharding.member_sharding(setup.mesh)))
 
 
 def scored_on(result: dict) -> str:

@@ -296,7 +296,9 @@ def _train(config: Config, workdir: str, setup: Setup,
             step))
       if step % config.eval_every_steps == 0 or last:
         watch.drain()  # train and eval steps share the in-flight bound
-        state, val_loss = evaluations.at(step, state)
+        choice, val_loss = evaluations.at(step, state)
+        if choice is not None:  # the weights the checkpoints record
+          state = evaluations_lib.with_choice(state, choice, setup)
         if val_loss is not None:
           evaluations.best_state = checkpoints.note_best(step, state,
                                                          val_loss)
