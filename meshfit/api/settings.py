@@ -4,19 +4,19 @@
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import importlib.util
 import io
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ml_collections
 
 import storage
 from input_pipeline import table_files
 from input_pipeline.paths import expand
+from meshfit import config as config_lib
 from meshfit.errors import UsageError
 
 if TYPE_CHECKING:
@@ -53,44 +53,6 @@ def load_config_file(path: str) -> ml_collections.ConfigDict:
                      'get_config()') from None
 
 
-def _known_keys(tree: Mapping[str, Any], prefix: str = '') -> list[str]:
-  out = []
-  for name, value in tree.items():
-    out.append(prefix + name)
-    if isinstance(value, Mapping):
-      out += _known_keys(value, f'{prefix}{name}.')
-  return out
-
-
-def with_overrides(config: ml_collections.ConfigDict,
-                   overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
-  """A copy of `config` with dotted keys set, as --config.KEY=VALUE does.
-
-  Raises:
-    UsageError: a key configs/default.py does not declare, or a value of
-      another type than the key's.
-  """
-  config = ml_collections.ConfigDict(config.to_dict())
-  known = _known_keys(config.to_dict())
-  for key, value in overrides.items():
-    if key not in known:
-      close = difflib.get_close_matches(key, known, n=1)
-      hint = f'did you mean {close[0]!r}? ' if close else ''
-      raise UsageError(f'unknown config key {key!r}; {hint}'
-                       'configs/default.py declares every key')
-    *parents, leaf = key.split('.')
-    node = config
-    for p in parents:
-      node = node[p]
-    if isinstance(value, list):
-      value = tuple(value)
-    try:
-      node[leaf] = value
-    except (TypeError, ValueError) as e:
-      raise UsageError(f'config key {key!r}: {e}') from None
-  return config
-
-
 def resolve_config(config: str | ml_collections.ConfigDict | Mapping | None
                    ) -> ml_collections.ConfigDict:
   """The run config `fit` was given, as a new ConfigDict.
@@ -108,7 +70,7 @@ def resolve_config(config: str | ml_collections.ConfigDict | Mapping | None
   if isinstance(config, ml_collections.ConfigDict):
     return ml_collections.ConfigDict(config.to_dict())
   if isinstance(config, Mapping):
-    return with_overrides(csv.get_config(), config)
+    return config_lib.with_overrides(csv.get_config(), config)
   raise UsageError(f'config must be a config file, a ConfigDict or a dict '
                    f'of dotted keys, not {type(config).__name__}')
 

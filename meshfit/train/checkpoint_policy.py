@@ -33,7 +33,6 @@ from meshfit.report.writers import AsyncWriter
 from meshfit.train.loss_watch import LossWatch
 
 
-
 def _copy_state(state):
   return jax.tree.map(jnp.copy, state)
 
@@ -43,6 +42,7 @@ def _jit_copy(shardings):
   """A copy of the train state in its shardings (a best step's, kept while
   training goes on), jitted once per set-up."""
   return jax.jit(_copy_state, out_shardings=shardings)
+
 
 class LoopCheckpoints:
   """The loop's checkpoints: periodic ones in the background, others now."""

@@ -244,10 +244,11 @@ def _train(config: Config, workdir: str, setup: Setup,
                                              tracker)
   # Jitted: op by op, the schedule cost the writer thread (and so the loop)
   # more than the rest of a log. Not logged when members have their own.
-  schedule = (None if len(config.sweep.learning_rates) > 1 else jax.jit(
-      optim.learning_rate_schedule(config.optimizer, config.num_train_steps,
-                                   (config.sweep.learning_rates or
-                                    (config.optimizer.learning_rate,))[0])))
+  schedule = (None if len(config.sweep.learning_rates) > 1 else
+              optim.jit_learning_rate_schedule(
+                  config.optimizer, config.num_train_steps,
+                  (config.sweep.learning_rates or
+                   (config.optimizer.learning_rate,))[0]))
   profile = ProfileWindow(config.profile_start_step,
                           config.profile_num_steps, workdir)
   hparams = optim.Hyperparameters.of(config)
