@@ -440,9 +440,9 @@ def test_ridge_blend_must_be_a_bool_and_needs_validation_and_values():
     config_lib.parse(raw)
   raw['model']['ridge_blend'] = True
   with pytest.raises(UsageError, match=r'weighs the ridge part on validation'
-                     r' rows; set dataset.validation_fraction'):
+                     r' rows; set dataset.validation'):
     config_lib.parse(raw)
-  raw['dataset']['validation_fraction'] = 0.2
+  raw['dataset']['validation'] = 0.2
   assert config_lib.parse(raw).model.ridge_blend
   raw['model']['likelihood'] = 'gaussian'
   with pytest.raises(UsageError, match=r"model.likelihood='gaussian' "
