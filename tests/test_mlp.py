@@ -92,8 +92,7 @@ def _train_losses(dtype: str, num_steps: int) -> tuple[np.ndarray, dict]:
       setup.arch, setup.tx, mesh, 0, norm,
       optim.Hyperparameters.of(config_lib.parse(config)))
   train_step = jit_train_step(setup.graphdef, setup.arch.layout,
-                                    setup.member_tx, setup.shardings, mesh,
-                                    config.log_every_steps)
+                                    setup.member_tx, setup.shardings, mesh)
   # One member's batch (M x B x ...).
   batch = {'x': jnp.asarray(x_BxF)[None], 'y': jnp.asarray(y_Bx1)[None]}
   losses = []
@@ -272,8 +271,7 @@ def _train_on_mesh(mesh, dtype: str, num_steps: int) -> tuple[np.ndarray,
       setup.arch, setup.tx, mesh, 0, norm,
       optim.Hyperparameters.of(config_lib.parse(config)))
   train_step = jit_train_step(setup.graphdef, setup.arch.layout,
-                                    setup.member_tx, setup.shardings, mesh,
-                                    config.log_every_steps)
+                                    setup.member_tx, setup.shardings, mesh)
   batch_sharding = sharding.member_batch_sharding(mesh)
   batch = {'x': jax.device_put(x_BxF[None], batch_sharding),
            'y': jax.device_put(y_BxT[None], batch_sharding)}
