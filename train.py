@@ -8,21 +8,56 @@ and one `error: ...` line.
 
 import atexit
 import json
+import logging as std_logging
 import os
 import sys
 import threading
-import time
 
-# Before TensorFlow / TFDS are imported: keep everything local and quiet.
-os.environ.setdefault('NO_GCE_CHECK', 'true')
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
+if __name__ == '__main__':
+  # First, so that it runs last: see _end_now.
+  atexit.register(lambda: _end_now())  # noqa: PLW0108 (defined below)
+
+
+class _SerialStream:
+  """A stream whose writes take one lock each, flushed before it is let go.
+
+  stderr is wrapped so before anything can hold it (absl's handler keeps the
+  stream it was made with): `_fail` takes the lock and keeps it, which
+  waits for a write in flight, even one blocked on a full pipe, and lets no
+  later one through, so that the error line is the last. Everything else is
+  the wrapped stream's.
+  """
+
+  def __init__(self, stream):
+    self.wrapped = stream
+    self.lock = threading.RLock()  # a signal handler may write mid-write
+
+  def write(self, text: str) -> int:
+    with self.lock:
+      written = self.wrapped.write(text)
+      self.wrapped.flush()  # out while the lock is held
+      return written
+
+  def writelines(self, lines) -> None:
+    for line in lines:
+      self.write(line)
+
+  def flush(self) -> None:
+    with self.lock:
+      self.wrapped.flush()
+
+  def __getattr__(self, name: str):
+    return getattr(self.wrapped, name)
+
+
+sys.stderr = _SerialStream(sys.stderr)
+
+# Before TensorFlow, TFDS, JAX, Orbax and etils are imported: local, quiet,
+# meshfit's XLA flags, one gs:// endpoint for every storage client.
+from meshfit.parallel import process  # noqa: E402  (imports no jax)
 import storage  # noqa: E402  (imports neither jax nor gcsfs)
 
-xla_flags.apply()  # before jax starts a backend
-# Before Orbax, TensorStore and etils are imported: every storage client of
-# the process reaches gs:// (or STORAGE_EMULATOR_HOST's emulator) alike.
-storage.configure_environment()
+process.prepare()
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -33,21 +68,49 @@ DIVERGED_EXIT = 3  # a non-finite loss: not bad usage, not a crash
 
 
 def _fail(message: str) -> None:
-  """One `error:` line on stderr and exit status 2: bad input, no traceback."""
-  sys.stdout.flush()
-  # The error line goes to a copy of stderr after stderr itself is sent to
-  # /dev/null: another thread may be printing a traceback (most likely one
-  # of Orbax's, after a damaged checkpoint's restore failed), and on a busy
-  # CPU its first line came out after the error line.
+  """One `error:` line on stderr and exit status 2: bad input, no traceback.
+
+  The line must stay the last one while another thread may be printing
+  (most likely Orbax's, after a damaged checkpoint's restore failed):
+  logging is switched off and its handlers' locks taken, stderr's lock
+  (`_SerialStream`) too, each waiting for a write in flight and kept, so
+  nothing written through them follows; thread and unraisable exceptions go
+  unprinted; file descriptor 2 is pointed at /dev/null for C code's writes,
+  and the line goes to a copy of it. Then os._exit, not sys.exit: the
+  interpreter's teardown can print after the line (Orbax's event loop:
+  "Event loop is closed"), and a usage error leaves nothing that teardown
+  must finish.
+  """
+  std_logging.disable(std_logging.CRITICAL)
+  for handler in _all_handlers():
+    handler.acquire()  # held until the process ends
+  threading.excepthook = lambda args: None
+  sys.unraisablehook = lambda unraisable: None
+  try:
+    sys.stdout.flush()
+  except (OSError, ValueError):  # a closed pipe: nothing more can be said
+    pass
+  stream = sys.stderr
+  if isinstance(stream, _SerialStream):
+    stream.lock.acquire()  # held until the process ends
+    stream = stream.wrapped
+  try:
+    stream.flush()
+  except (OSError, ValueError):
+    pass
   stderr = os.dup(2)
   os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-  sys.stderr.flush()  # what is half-written, to /dev/null
-  time.sleep(0.01)  # a write already in the kernel lands before the line
   os.write(stderr, f'error: {message}\n'.encode())
-  # Not sys.exit: the interpreter's teardown can print after the error line
-  # (Orbax's event loop after a failed restore: "Event loop is closed"), and
-  # a usage error leaves nothing that teardown must finish.
   os._exit(USAGE_EXIT)
+
+
+def _all_handlers() -> list[std_logging.Handler]:
+  """Every handler of every logger that exists (absl's on the root)."""
+  loggers = [std_logging.getLogger(), *(
+      logger for logger in std_logging.Logger.manager.loggerDict.values()
+      if isinstance(logger, std_logging.Logger))]
+  return list({id(h): h for logger in loggers for h in logger.handlers
+               }.values())
 
 
 def _config_error(e: Exception, argv: list[str]) -> str:
@@ -225,7 +288,7 @@ def _run() -> None:
   import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
 
   from input_pipeline.errors import DataError  # noqa: PLC0415
-  from meshfit.checkpoints import workdir_lock  # noqa: PLC0415
+  from meshfit.api import runs  # noqa: PLC0415
   from meshfit.config import json_files  # noqa: PLC0415
   from meshfit.errors import UsageError  # noqa: PLC0415
   from meshfit.report import progress  # noqa: PLC0415
@@ -245,15 +308,11 @@ def _run() -> None:
                               console=progress.Console(
                                   progress=True, log_scalars=FLAGS.verbose))
     else:
-      workdir_lock.check_workdir(FLAGS.workdir)
-      saved = json_files.load_json(
-          storage.join(FLAGS.workdir, 'config.json'))
       keys = (json_files.flatten(FLAGS.config) if FLAGS['config'].present
               else _overridden_keys())
-      config = json_files.merge_eval_overrides(saved, FLAGS.config, keys)
-      if not any(k.startswith('mesh.') for k in _overridden_keys()):
-        config = json_files.fit_saved_mesh(config, jax.device_count(),
-                                             jax.local_device_count())
+      config = runs.run_config(
+          FLAGS.workdir, FLAGS.config, keys,
+          keep_mesh=any(k.startswith('mesh.') for k in _overridden_keys()))
       if FLAGS.mode == 'eval':
         result = evaluate.evaluate(config, FLAGS.workdir, FLAGS.step)
       elif FLAGS.mode == 'export':
@@ -274,31 +333,38 @@ def _run() -> None:
     sys.exit(preemption.EXIT_CODE)
 
 
-def _leave(status: object) -> None:
-  """Ends the process as Python's exit does, less the teardown of modules.
+# The exit status _end_now ends the process with: an uncaught exception's
+# until main's SystemExit says otherwise.
+_status = 1
 
-  Freeing every module's objects (JAX's, XLA's) one by one took ~0.5 s of a
-  small table's 4 s run (docs/performance.md) and writes nothing: threads are
-  joined and the exit hooks run (logging's flush, JAX's backend and
-  jax.distributed shutdown) before the process ends.
+
+def _end_now() -> None:
+  """The last exit hook: ends the process as Python's exit would, less the
+  teardown of modules.
+
+  Registered before anything else is imported, so it runs after every
+  other exit hook (they run last registered, first run: logging's flush,
+  JAX's backend and jax.distributed shutdown) and after Python has joined
+  the threads. Freeing every module's objects (JAX's, XLA's) one by one took
+  ~0.5 s of a small table's 4 s run (docs/performance.md) and writes
+  nothing.
   """
-  if status is None:
-    status = 0
-  elif not isinstance(status, int):  # sys.exit('message'), as Python does
-    sys.stderr.write(f'{status}\n')
-    status = 1
-  threading._shutdown()  # noqa: SLF001 (what Python's exit calls first)
-  atexit._run_exitfuncs()  # noqa: SLF001
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
-    except OSError:  # a closed pipe (`| head`): nothing more can be said
+    except (OSError, ValueError):  # a closed pipe (`| head`)
       pass
-  os._exit(status)
+  os._exit(_status)
 
 
 if __name__ == '__main__':
   try:
     app.run(main, flags_parser=_parse_flags)
   except SystemExit as e:
-    _leave(e.code)
+    # As Python reads it: None is 0, a message is printed and is 1.
+    _status = (0 if e.code is None else e.code if isinstance(e.code, int)
+               else 1)
+    raise
+  except KeyboardInterrupt:
+    _status = 130  # as a shell reports a process that Ctrl-C stopped
+    raise

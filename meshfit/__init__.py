@@ -15,8 +15,37 @@ it, docs/design.md draws it):
   report       scalar writers (console, TensorBoard, metrics.jsonl), plots
   train        the training loop and what it schedules
   serve        eval, predict and export of a saved model
+  api          the library: fit, load and Model (train.py is its client)
 
 `errors` sits below them all. Beneath meshfit: `input_pipeline` (tables,
 column plans, prepared copies), `models` (Flax modules), `configs`, and
 `storage`, the one file layer every run file goes through (local or gs://).
+
+`import meshfit` imports none of them (train.py sets the environment up
+before JAX starts); `meshfit.fit`, `meshfit.load`, `meshfit.Model` and the
+errors load the library on first use.
 """
+
+import importlib
+from typing import Any
+
+# Public name -> the module that defines it.
+_EXPORTS = {
+    'fit': 'meshfit.api', 'load': 'meshfit.api', 'Model': 'meshfit.api',
+    'UsageError': 'meshfit.errors',
+    'DataError': 'input_pipeline.errors',
+    'StorageError': 'storage',
+    'NonFiniteLossError': 'meshfit.train.loss_watch',
+    'Preempted': 'meshfit.train.preemption',
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+  if name not in _EXPORTS:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  return getattr(importlib.import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+  return sorted(set(globals()) | set(_EXPORTS))

@@ -15,7 +15,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # meshfit's sub-packages, lowest first: each may import only those before it.
 # `train` and `serve` are siblings: neither imports the other.
 LAYERS = ('errors', 'parallel', 'config', 'data', 'model',
-          'checkpoints', 'report', ('train', 'serve'))
+          'checkpoints', 'report', ('train', 'serve'), 'api')
 # Top-level packages, lowest first (the same rule between them).
 PACKAGES = ('storage', ('models', 'input_pipeline'), 'configs', 'meshfit')
 MAX_LINES = 420

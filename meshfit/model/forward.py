@@ -20,7 +20,7 @@ from meshfit.model import uncertainty
 from meshfit.model.metrics import RegressionSums
 from meshfit.model.state import TrainState
 from meshfit.model.steps import Batch
-from meshfit.parallel import sharding
+from meshfit.parallel import programs, sharding
 
 
 def member_outputs(graphdef: nnx.GraphDef, layout: InputLayout,
@@ -149,6 +149,7 @@ def eval_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef,
       mask_B=batch['mask'], stats=state.stats, **extra)
 
 
+@programs.memoize
 def jit_eval_step(graphdef: nnx.GraphDef, layout: InputLayout,
                   state_shardings: TrainState, mesh: Mesh,
                   distribution: bool = False
@@ -163,6 +164,7 @@ def jit_eval_step(graphdef: nnx.GraphDef, layout: InputLayout,
       out_shardings=sharding.replicated(mesh))
 
 
+@programs.memoize
 def jit_predict_step(graphdef: nnx.GraphDef, layout: InputLayout,
                      state_shardings: TrainState, mesh: Mesh,
                      interval: float | None = None
@@ -184,6 +186,7 @@ def jit_predict_step(graphdef: nnx.GraphDef, layout: InputLayout,
                  out_shardings=sharding.replicated(mesh))
 
 
+@programs.memoize
 def jit_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
                      state_shardings: TrainState, mesh: Mesh
                      ) -> Callable[[TrainState, jax.Array],
@@ -197,6 +200,7 @@ def jit_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
                  out_shardings=sharding.replicated(mesh))
 
 
+@programs.memoize
 def jit_held_out_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
                               state_shardings: TrainState, mesh: Mesh
                               ) -> Callable[[TrainState, jax.Array, jax.Array],
@@ -210,6 +214,7 @@ def jit_held_out_member_parts(graphdef: nnx.GraphDef, layout: InputLayout,
                  out_shardings=sharding.replicated(mesh))
 
 
+@programs.memoize
 def jit_held_out_member_parts_of_rows(
     graphdef: nnx.GraphDef, state_shardings: TrainState, mesh: Mesh
 ) -> Callable[[TrainState, Batch, jax.Array, jax.Array],

@@ -16,6 +16,7 @@ import optax
 from flax import struct
 
 from meshfit.config import Config, OptimizerConfig
+from meshfit.parallel import programs
 from models.mlp import FITTED, VOCABULARY
 
 
@@ -93,6 +94,14 @@ def learning_rate_schedule(opt: OptimizerConfig, num_train_steps: int,
       decay_steps=max(num_train_steps, warmup + 1),
       end_value=opt.end_learning_rate_factor)
   return lambda count: unit(count) * peak
+
+
+@programs.memoize
+def jit_learning_rate_schedule(opt: OptimizerConfig, num_train_steps: int,
+                               peak: float) -> optax.Schedule:
+  """`learning_rate_schedule` jitted, once per schedule (the loop logs it
+  every log step; op by op it cost more than the rest of a log)."""
+  return jax.jit(learning_rate_schedule(opt, num_train_steps, peak))
 
 
 def _cosine_cycles(opt: OptimizerConfig, num_train_steps: int, warmup: int,

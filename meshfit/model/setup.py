@@ -9,10 +9,11 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from meshfit.config import Config
+from meshfit.config import Config, MeshConfig, OptimizerConfig
 from meshfit.data.features import InputLayout
 from meshfit.model import optim, state as state_lib
 from meshfit.parallel import sharding
+from models.mlp import MlpConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,23 +47,35 @@ def make_setup(config: Config, layout: InputLayout, num_targets: int,
                mesh: Mesh | None = None) -> Setup:
   """The set-up of `config` for a table of this layout.
 
+  The same set-up object for the same keys: the jitted programs made from
+  its optimizer and shardings (parallel/programs.py) are then shared by the
+  runs of one process.
+
   Args:
     config: the parsed run config (its mesh, model and optimizer).
     layout: the model's inputs (`InputLayout.of` a training table).
     num_targets: T, its outputs.
     mesh: the mesh to use; default: built from config.mesh over every device.
   """
+  return _make_setup(config.mesh, config.model, config.optimizer,
+                     config.num_train_steps, config.sweep.dropout_rates,
+                     layout, num_targets, mesh)
+
+
+@functools.lru_cache(maxsize=16)
+def _make_setup(mesh_config: MeshConfig, model: MlpConfig,
+                optimizer: OptimizerConfig, num_train_steps: int,
+                dropout_rates: tuple[float, ...], layout: InputLayout,
+                num_targets: int, mesh: Mesh | None) -> Setup:
+  """`make_setup` of the config keys it reads."""
   if mesh is None:
-    mesh = sharding.make_mesh(config.mesh.data, config.mesh.model,
-                              members=config.mesh.members)
-  arch = state_lib.Architecture(config.model, layout, num_targets)
-  fitted = (config.model.ridge_blend
-            or config.model.category_member_min_count > 0)
-  tx = optim.make_optimizer(config.optimizer, config.num_train_steps,
-                            fitted=fitted)
-  member_tx = functools.partial(optim.member_optimizer, config.optimizer,
-                                config.num_train_steps, fitted=fitted)
-  dropout = config.model.dropout_rate > 0 or any(
-      r > 0 for r in config.sweep.dropout_rates)
+    mesh = sharding.make_mesh(mesh_config.data, mesh_config.model,
+                              members=mesh_config.members)
+  arch = state_lib.Architecture(model, layout, num_targets)
+  fitted = model.ridge_blend or model.category_member_min_count > 0
+  tx = optim.make_optimizer(optimizer, num_train_steps, fitted=fitted)
+  member_tx = functools.partial(optim.member_optimizer, optimizer,
+                                num_train_steps, fitted=fitted)
+  dropout = model.dropout_rate > 0 or any(r > 0 for r in dropout_rates)
   return Setup(mesh, arch, state_lib.graphdef(arch), tx, member_tx, dropout,
                state_lib.state_shardings(arch, tx, mesh))

@@ -13,6 +13,7 @@ put every piece where it lives: nothing is built on one device first.
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -25,7 +26,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.model.metrics import TrainMetrics
 from meshfit.model.optim import Hyperparameters
-from meshfit.parallel import sharding
+from meshfit.parallel import programs, sharding
 from models.mlp import Mlp, MlpConfig
 
 
@@ -177,6 +178,16 @@ def abstract_state(arch: Architecture, tx: optax.GradientTransformation,
       _state_shapes(arch, tx), state_shardings(arch, tx, mesh))
 
 
+@programs.memoize
+def _jit_init(arch: Architecture, tx: optax.GradientTransformation,
+              mesh: Mesh) -> Callable[..., TrainState]:
+  """`_init` jitted once per architecture, optimizer and mesh. The seed is
+  an argument, not a constant of the program, so that runs with other seeds
+  share it."""
+  return jax.jit(functools.partial(_init, arch, tx),
+                 out_shardings=state_shardings(arch, tx, mesh))
+
+
 def create_train_state(arch: Architecture, tx: optax.GradientTransformation,
                        mesh: Mesh, seed: int, stats: FeatureStats,
                        hparams: Hyperparameters) -> TrainState:
@@ -190,10 +201,7 @@ def create_train_state(arch: Architecture, tx: optax.GradientTransformation,
     stats: the training split's statistics.
     hparams: each member's hyperparameters (`Hyperparameters.of(config)`).
   """
-  # The seed is an argument, not a constant of the program, so that runs
-  # with other seeds reuse its compilation (from the persistent cache).
-  init = jax.jit(lambda seed, s, h: _init(arch, tx, seed, s, h),
-                 out_shardings=state_shardings(arch, tx, mesh))
+  init = _jit_init(arch, tx, mesh)
   # JAX's default, sharding-friendly threefry took 4x longer to compile on
   # CPU (seconds of a small table's first run); an init runs once and its
   # draws are small, so the classic form, whose values are the same on

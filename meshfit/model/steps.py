@@ -26,7 +26,7 @@ from meshfit.model import uncertainty
 from meshfit.model.metrics import TrainMetrics
 from meshfit.model.optim import Hyperparameters
 from meshfit.model.state import TrainState
-from meshfit.parallel import sharding
+from meshfit.parallel import programs, sharding
 
 Batch = dict[str, jax.Array]
 
@@ -261,6 +261,7 @@ class TrainCall:
     return self.jitted(state, table_z, chunk, num_steps)
 
 
+@programs.memoize
 def jit_train_call(graphdef: nnx.GraphDef, layout: InputLayout,
                    member_tx: Callable[[Hyperparameters],
                                        optax.GradientTransformation],
@@ -286,6 +287,7 @@ def jit_train_call(graphdef: nnx.GraphDef, layout: InputLayout,
       donate_argnums=0), jit_encode_chunk(mesh, layout))
 
 
+@programs.memoize
 def jit_encode_chunk(mesh: Mesh, layout: InputLayout
                      ) -> Callable[[FeatureStats, Batch], Batch]:
   """`encode` jitted for a streamed chunk (K x M x B rows of `x`, `y`),
@@ -305,6 +307,7 @@ def jit_encode_chunk(mesh: Mesh, layout: InputLayout
 ENCODE_CHUNK_ROWS = 1 << 16
 
 
+@programs.memoize
 def jit_encode(mesh: Mesh, layout: InputLayout
                ) -> Callable[[FeatureStats, Batch], Batch]:
   """`encode` jitted for a table that lives on every device, a chunk of

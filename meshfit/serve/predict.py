@@ -26,6 +26,8 @@ from meshfit.config import Config
 from meshfit.errors import UsageError
 from meshfit.serve import outputs as outputs_lib
 from meshfit.model import inference
+from meshfit.model.setup import Setup
+from meshfit.model.state import TrainState
 
 if TYPE_CHECKING:
   import pandas as pd
@@ -80,27 +82,18 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
   with reading.SavedModel(workdir, step) as saved:
     # The checkpoint's own record of its model decides, not config.json.
     config = saved.model_config(config)
-    if interval is not None and config.model.likelihood != 'gaussian':
-      raise UsageError(
-          f'--interval: this model was trained with model.likelihood='
-          f"'{config.model.likelihood}' and predicts no distribution; drop "
-          "--interval, or train with --config.model.likelihood=gaussian")
+    check_interval(config, interval)
     plan = saved.plan
     target_names = plan.targets
     # The file is checked before the (slower) restore of the arrays.
     frame = table_files.read_frame(input_path, '--input')
-    x_NxF, unseen = plan.encode(frame, input_path, '--input')
-    if unseen:
-      logging.warning('%s', column_plan.unseen_warning(unseen, input_path,
-                                                       plan.min_count))
+    x_NxF = encode(plan, frame, input_path, '--input')
     keep = (table_files.pass_through(frame, keep_columns, input_path,
                                      '--input') if keep_columns else None)
     setup, state = saved.restore(config)
   step = saved.step  # the next one, where rotation deleted the chosen one
-  outputs = inference.predict_table(setup, state, x_NxF,
-                                    config.eval_batch_size, interval)
-  if not setup.distribution:
-    del outputs['std']  # the members' disagreement alone: not a std of y
+  outputs = predict_rows(setup, state, x_NxF, config.eval_batch_size,
+                         interval)
   if jax.process_index() == 0:
     write_predictions(output_path, outputs, target_names, keep)
   return {'step': step, 'input': input_path, 'output': output_path,
@@ -109,11 +102,58 @@ def predict(config: ml_collections.ConfigDict | Config, workdir: str,
                       *prediction_columns(target_names, tuple(outputs))]}
 
 
+def check_interval(config: Config, interval: float | None) -> None:
+  """Raises UsageError if `interval` is asked of a model that predicts no
+  distribution."""
+  if interval is not None and config.model.likelihood != 'gaussian':
+    raise UsageError(
+        f'--interval: this model was trained with model.likelihood='
+        f"'{config.model.likelihood}' and predicts no distribution; drop "
+        "--interval, or train with --config.model.likelihood=gaussian")
+
+
+def encode(plan: column_plan.ColumnPlan, frame: pd.DataFrame, path: str,
+           source: str) -> np.ndarray:
+  """The model's input matrix of `frame`'s rows, warning of category
+  values training did not see.
+
+  Raises:
+    DataError: a feature column is missing or holds bad cells.
+  """
+  x_NxF, unseen = plan.encode(frame, path, source)
+  if unseen:
+    logging.warning('%s', column_plan.unseen_warning(unseen, path,
+                                                     plan.min_count))
+  return x_NxF
+
+
+def predict_rows(setup: Setup, state: TrainState, x_NxF: np.ndarray,
+                 batch_size: int, interval: float | None = None
+                 ) -> dict[str, np.ndarray]:
+  """{'pred'[, 'std'][, 'lower', 'upper']: N x T} in the targets' units:
+  what a predictions table holds of `x_NxF`'s rows."""
+  outputs = inference.predict_table(setup, state, x_NxF, batch_size,
+                                    interval)
+  if not setup.distribution:
+    del outputs['std']  # the members' disagreement alone: not a std of y
+  return outputs
+
+
 def prediction_columns(target_names: Sequence[str],
                        outputs: Sequence[str] = ('pred',)) -> list[str]:
   """`<target>_pred` (then `_std`, `_lower`, `_upper` where asked) of each
   target in turn."""
   return [f'{t}{SUFFIXES[o]}' for t in target_names for o in outputs]
+
+
+def predictions_frame(outputs: dict[str, np.ndarray],
+                      target_names: Sequence[str]) -> pd.DataFrame:
+  """The prediction columns of a predictions table (`prediction_columns`)
+  of `predict_rows`' outputs."""
+  import pandas as pd  # noqa: PLC0415  (see write_predictions)
+  names = prediction_columns(target_names, tuple(outputs))
+  return pd.DataFrame(dict(zip(names, (
+      a[:, t] for t in range(len(target_names)) for a in outputs.values()))))
 
 
 def write_predictions(path: str, outputs: dict[str, np.ndarray] | np.ndarray,
@@ -157,9 +197,8 @@ def write_predictions(path: str, outputs: dict[str, np.ndarray] | np.ndarray,
                      'predictions table writes its own column of that name; '
                      'keep other columns')
   outputs_lib.check_output_file(path)
-  predictions = pd.DataFrame(dict(zip(names, (
-      a[:, t] for t in range(len(target_names)) for a in outputs.values()))))
-  table = pd.concat([keep.reset_index(drop=True), predictions], axis=1)
+  table = pd.concat([keep.reset_index(drop=True),
+                     predictions_frame(outputs, target_names)], axis=1)
   with storage.atomic_write(path, 'wb') as f:
     if table_files.is_parquet(path):
       table.to_parquet(f, index=False, engine='pyarrow')

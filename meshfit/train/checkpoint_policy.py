@@ -29,8 +29,20 @@ from jax.experimental import multihost_utils
 import storage
 from meshfit.checkpoints import checkpointer
 from meshfit.model import state as state_lib
+from meshfit.parallel import programs
 from meshfit.report.writers import AsyncWriter
 from meshfit.train.loss_watch import LossWatch
+
+
+def _copy_state(state):
+  return jax.tree.map(jnp.copy, state)
+
+
+@programs.memoize
+def _jit_copy(shardings):
+  """A copy of the train state in its shardings (a best step's, kept while
+  training goes on), jitted once per set-up."""
+  return jax.jit(_copy_state, out_shardings=shardings)
 
 
 class LoopCheckpoints:
@@ -57,8 +69,7 @@ class LoopCheckpoints:
     self._every_steps, self._every_seconds = every_steps, every_seconds
     self._saver = (checkpointer.BackgroundSaver(ckpt)
                    if jax.process_count() == 1 else None)
-    self._copy = jax.jit(lambda s: jax.tree.map(jnp.copy, s),
-                         out_shardings=shardings)
+    self._copy = _jit_copy(shardings)
     self._last = time.monotonic()
     # (step, state copy, meta, validation loss) of a best not yet written.
     self._best: tuple | None = None

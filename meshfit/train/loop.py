@@ -332,9 +332,9 @@ def _schedule(config: Config) -> Callable[[int], jax.Array] | None:
     return None
   # Jitted: op by op, the schedule cost the writer thread (and so the loop)
   # more than the rest of a log.
-  return jax.jit(optim.learning_rate_schedule(
+  return optim.jit_learning_rate_schedule(
       config.optimizer, config.num_train_steps,
-      (config.sweep.learning_rates or (config.optimizer.learning_rate,))[0]))
+      (config.sweep.learning_rates or (config.optimizer.learning_rate,))[0])
 
 
 def _plan(config: Config, setup: Setup, splits: splits_lib.Splits,
