@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from cli_helpers import ROOT, run_train, saved_config
-from meshfit.serve import evaluate
+from cli_helpers import ROOT, run_train
 
 # Every test here trains (or runs train.py): left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -52,9 +51,8 @@ def test_eval_mode_prints_and_writes_the_result(run_42):
 
 
 def test_a_4x2_checkpoint_evaluates_the_same_on_one_device_and_2x4(run_42):
-  # On the 4 x 2 mesh it trained on: in this process (8 devices, as
-  # train.py's eval would be), the other meshes through train.py.
-  base = evaluate.evaluate(saved_config(run_42), run_42, 30)
+  base = _eval_json(run('--mode=eval', f'--workdir={run_42}', '--step=30',
+                        check=0))
   one = _eval_json(run('--mode=eval', f'--workdir={run_42}', '--step=30',
                        devices=1, check=0))
   other = _eval_json(run('--mode=eval', f'--workdir={run_42}', '--step=30',

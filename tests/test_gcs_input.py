@@ -14,7 +14,7 @@ import threading
 import numpy as np
 import pandas as pd
 import pytest
-from cli_helpers import ROOT, override
+from cli_helpers import ROOT
 from configs import csv as csv_config
 from model_helpers import dataset_config
 
@@ -23,7 +23,6 @@ from input_pipeline import csv_regression, file_keys, table_files, tables
 from input_pipeline.errors import DataError
 from input_pipeline.store import Store
 from meshfit.data import splits as splits_lib
-from meshfit.train import loop
 
 
 def _frame(n: int, seed: int) -> pd.DataFrame:
@@ -352,22 +351,17 @@ def test_bad_gs_inputs_are_one_line_naming_the_setting(roots, case):
   assert message in str(e.value) and '\n' not in str(e.value), str(e.value)
 
 
-# configs/csv.py with these, through train.py or in-process.
-_SETTINGS = {'dataset.target_columns': ('y',), 'num_train_steps': 40,
-             'log_every_steps': 20, 'eval_every_steps': 40,
-             'checkpoint_every_steps': 40,
-             # Held-out rows rather than folds: a streamed table can be
-             # validated.
-             'dataset.validation_folds': 0,
-             'dataset.validation_fraction': 0.1}
-
-
 def _train_py(*args: str) -> subprocess.CompletedProcess:
   env = dict(os.environ, JAX_PLATFORMS='cpu',
              XLA_FLAGS='--xla_force_host_platform_device_count=8')
   return subprocess.run(
       [sys.executable, 'train.py', '--config=configs/csv.py',
-       *(f'--config.{k}={v}' for k, v in _SETTINGS.items()), *args],
+       '--config.dataset.target_columns=y', '--config.num_train_steps=40',
+       '--config.log_every_steps=20', '--config.eval_every_steps=40',
+       '--config.checkpoint_every_steps=40',
+       # Held-out rows rather than folds: a streamed table can be validated.
+       '--config.dataset.validation_folds=0',
+       '--config.dataset.validation_fraction=0.1', *args],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
       check=False)
 
@@ -382,18 +376,12 @@ def test_train_py_on_gs_tables_reports_what_local_tables_do(roots):
     workdir = f'{roots["tmp"]}/run_{side}'
     data_dir = (f'{workdir}_data' if side == 'local'
                 else f'{roots["gcs"]}/data')
-    paths = {'dataset.data_dir': data_dir,
-             'dataset.train_path': f'{roots[side]}/train-*.parquet',
-             'dataset.eval_path': f'{roots[side]}/eval.csv',
-             'dataset.resident_table_mb': int(side == 'local')}
-    if side == 'local':  # the reference, in this process (8 devices too)
-      config = csv_config.get_config()
-      override(config, {**_SETTINGS, **paths})
-      loop.train_and_evaluate(config, workdir)
-    else:
-      result = _train_py(f'--workdir={workdir}',
-                         *(f'--config.{k}={v}' for k, v in paths.items()))
-      assert result.returncode == 0, result.stderr[-3000:]
+    result = _train_py(
+        f'--workdir={workdir}', f'--config.dataset.data_dir={data_dir}',
+        f'--config.dataset.train_path={roots[side]}/train-*.parquet',
+        f'--config.dataset.eval_path={roots[side]}/eval.csv',
+        f'--config.dataset.resident_table_mb={int(side == "local")}')
+    assert result.returncode == 0, result.stderr[-3000:]
     with open(f'{workdir}/metrics.jsonl', encoding='utf-8') as f:
       metrics[side] = [json.loads(line) for line in f]
   assert len(storage.glob(f'{roots["gcs"]}/data/csv_regression/*/*.f32')) == 4
