@@ -23,6 +23,18 @@ def run_train(*args: str, devices: int = 8,
   return proc
 
 
+def saved_config(workdir: str):
+  """The run's saved config as train.py's eval, predict and export modes read
+  it, its mesh fitted to this process's devices: for in-process calls that
+  assert what those modes do without a train.py start each."""
+  import jax  # noqa: PLC0415  (this module imports no jax otherwise)
+
+  from meshfit.config import json_files  # noqa: PLC0415
+  config = json_files.load_json(os.path.join(workdir, 'config.json'))
+  return json_files.fit_saved_mesh(config, jax.device_count(),
+                                   jax.local_device_count())
+
+
 def override(config, changes: dict) -> None:
   """Sets each dotted key of `changes` ('dataset.data_dir') in `config`."""
   for key, value in changes.items():

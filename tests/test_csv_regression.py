@@ -260,19 +260,14 @@ def test_train_py_fits_a_csv_and_writes_metrics(tmp_path):
   assert saved['dataset']['target_columns'] == ['y']
 
 
-# Each case fails at another stage: config check, file read, value check.
-# (Every other bad-data case is covered in-process, in test_table_files and
-# test_column_plan.)
-@pytest.mark.slow
-@pytest.mark.parametrize('case', ['target_as_feature', 'missing_file',
-                                  'non_numeric', 'bad_date', 'empty_target',
-                                  'latin1'])
-def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
+def _bad_files(tmp_path, case: str) -> tuple[str, str, list[str], str]:
+  """Files that fail as `case` says: (train path, eval path, extra flags,
+  the message expected)."""
   frame = _frame(16, 0)
   train_path, eval_path = tmp_path / 'train.csv', tmp_path / 'eval.csv'
   frame.to_csv(train_path, index=False)
   frame.to_csv(eval_path, index=False)
-  args = ['--config.dataset.target_columns=y']
+  args = []
   expected = {
       'missing_file': "'nope.csv' (dataset.eval_path) does not exist",
       'non_numeric': "column 'b', data row 4 (1-based, header not counted): "
@@ -300,19 +295,42 @@ def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
     frame['town'] = 'Paris'
     frame.loc[2, 'town'] = 'Orléans'
     frame.to_csv(train_path, index=False, encoding='latin-1')
-  else:
+  elif case == 'target_as_feature':
     args.append("--config.dataset.feature_columns=('a', 'y')")
+  return str(train_path), str(eval_path), args, expected
+
+
+# Each case fails at another stage: config check, file read, value check.
+# (Every other bad-data case is covered in-process, below and in
+# test_table_files and test_column_plan.)
+@pytest.mark.slow
+@pytest.mark.parametrize('case', ['target_as_feature', 'missing_file',
+                                  'non_numeric'])
+def test_train_py_bad_data_exits_2_with_one_error_line(tmp_path, case):
+  train_path, eval_path, args, expected = _bad_files(tmp_path, case)
   workdir = tmp_path / 'run'
   result = _train_py(f'--workdir={workdir}',
                      f'--config.dataset.data_dir={tmp_path}/tfds',
                      f'--config.dataset.train_path={train_path}',
-                     f'--config.dataset.eval_path={eval_path}', *args)
+                     f'--config.dataset.eval_path={eval_path}',
+                     '--config.dataset.target_columns=y', *args)
   assert result.returncode == 2, result.stderr[-3000:]
   assert 'Traceback' not in result.stderr
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith('error: ') and expected in last, last
   assert result.stderr.count('error: ') == 1
   assert not workdir.exists()
+
+
+# The same stage as non_numeric above (a DataError while the files are
+# read), whose exit status and one line train.py shows.
+@pytest.mark.parametrize('case', ['bad_date', 'empty_target', 'latin1'])
+def test_bad_data_is_a_data_error_that_names_the_cell(tmp_path, case):
+  train_path, eval_path, _, expected = _bad_files(tmp_path, case)
+  with pytest.raises(DataError) as e:
+    _load(_dataset(tmp_path, train_path, eval_path))
+  assert expected in str(e.value)
+  assert not (tmp_path / 'tfds' / 'csv_regression').exists()
 
 
 def test_rare_training_categories_are_not_called_new(tmp_path, caplog):

@@ -96,7 +96,7 @@ def _table(bucket_dir: str) -> list[str]:
           '--config.model.ensemble_size=2', '--config.mesh.members=2',
           '--config.model.category_member_min_count=2',
           '--config.batch_size=64', '--config.log_every_steps=10',
-          '--config.eval_every_steps=50', '--config.checkpoint_every_steps=20']
+          '--config.eval_every_steps=50', '--config.checkpoint_every_steps=50']
 
 
 def _committed(workdir: str) -> list[int]:
@@ -116,21 +116,29 @@ def _series(workdir: str, key: str) -> dict[int, float]:
 def test_a_pod_without_shared_disk_resumes_bit_for_bit_and_serves(
     gcs_dir, tmp_path):
   flags = _table(gcs_dir)
+  # The unbroken run beside the broken one, to overlap their launches; it
+  # prepares its own copy of the table (the same bytes), so that the two
+  # pods never write one prepared copy at once.
   whole = storage.join(gcs_dir, 'whole')
-  _Pod(tmp_path, 'whole', [f'--workdir={whole}', *flags]).wait()
-
-  broken = storage.join(gcs_dir, 'broken')
-  pod = _Pod(tmp_path, 'first', [f'--workdir={broken}', *flags])
-  deadline = time.monotonic() + TIMEOUT_S
-  while not any(100 <= s < 300 for s in _committed(broken)):
-    assert all(p.poll() is None for p in pod.procs), pod.tails()
-    assert time.monotonic() < deadline, pod.tails()
-    time.sleep(0.1)
-  pod.kill()  # both VMs gone at once, local disks with them
-  reached = max(_committed(broken))
-  assert reached < 300
-  resumed = _Pod(tmp_path, 'recreated', [f'--workdir={broken}', *flags])
-  resumed.wait()
+  unbroken = _Pod(tmp_path, 'whole', [f'--workdir={whole}', *flags,
+                                      f'--config.dataset.data_dir={gcs_dir}/'
+                                      'whole_data'])
+  try:
+    broken = storage.join(gcs_dir, 'broken')
+    pod = _Pod(tmp_path, 'first', [f'--workdir={broken}', *flags])
+    deadline = time.monotonic() + TIMEOUT_S
+    while not any(100 <= s < 300 for s in _committed(broken)):
+      assert all(p.poll() is None for p in pod.procs), pod.tails()
+      assert time.monotonic() < deadline, pod.tails()
+      time.sleep(0.1)
+    pod.kill()  # both VMs gone at once, local disks with them
+    reached = max(_committed(broken))
+    assert reached < 300
+    resumed = _Pod(tmp_path, 'recreated', [f'--workdir={broken}', *flags])
+    resumed.wait()
+    unbroken.wait()
+  finally:
+    unbroken.kill()
   assert f'Resuming from the checkpoint of step {reached}' in (
       resumed.logs[0].read_text())
   for key in ('train/loss', 'val/loss', 'eval/rmse', 'eval/r2'):

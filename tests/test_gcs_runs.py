@@ -45,6 +45,30 @@ def _local_and_gcs_runs(small_config, tmp_path, gcs_dir):
   return local, remote, final
 
 
+def _assert_tensorboard_reads_the_losses(remote: str) -> None:
+  """TensorBoard reads the gs:// run's events: every logged loss."""
+  expected = {r['step']: r['train/loss'] for r in writers.read_jsonl(
+      storage.join(remote, 'metrics.jsonl')) if 'train/loss' in r}
+  # TensorBoard's TF-free reader (fsspec, which reaches the emulator); with
+  # TensorFlow, TensorBoard reads real gs:// through tf.io.gfile.
+  script = textwrap.dedent(f"""
+      import sys, types
+      sys.modules['tensorboard.compat.notf'] = types.ModuleType('notf')
+      from tensorboard.backend.event_processing import event_accumulator
+      from tensorboard.util import tensor_util
+      acc = event_accumulator.EventAccumulator({remote!r})
+      acc.Reload()
+      print({{e.step: float(tensor_util.make_ndarray(e.tensor_proto))
+             for e in acc.Tensors('train/loss')}})
+      """)
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True,
+                       text=True, timeout=120, check=True).stdout
+  got = eval(out.strip().splitlines()[-1])  # noqa: S307 (our own dict)
+  assert got.keys() == expected.keys()
+  for step, loss in expected.items():
+    assert got[step] == pytest.approx(loss, rel=1e-6)  # stored as float32
+
+
 @pytest.mark.slow
 def test_a_gcs_workdir_trains_as_a_local_one_and_serves(small_config,
                                                          tmp_path, gcs_dir,
@@ -67,6 +91,7 @@ def test_a_gcs_workdir_trains_as_a_local_one_and_serves(small_config,
       os.listdir(os.path.join(local, 'checkpoints')))
   # JAX's compilation cache went to the bucket too.
   assert storage.listdir(storage.join(gcs_dir, 'cache'))
+  _assert_tensorboard_reads_the_losses(remote)
 
   result = evaluate.evaluate(small_config, remote)
   assert result['rmse'] == final['rmse']
@@ -95,32 +120,6 @@ def test_a_gcs_workdir_trains_as_a_local_one_and_serves(small_config,
                                                           'saved_model'))
   card = json.loads(storage.read_text(storage.join(exported, 'model.json')))
   assert card['workdir'] == remote
-
-
-@pytest.mark.slow
-def test_tensorboard_reads_a_gcs_runs_events(small_config, gcs_dir):
-  remote = storage.join(gcs_dir, 'run')
-  loop.train_and_evaluate(small_config, remote)
-  expected = {r['step']: r['train/loss'] for r in writers.read_jsonl(
-      storage.join(remote, 'metrics.jsonl')) if 'train/loss' in r}
-  # TensorBoard's TF-free reader (fsspec, which reaches the emulator); with
-  # TensorFlow, TensorBoard reads real gs:// through tf.io.gfile.
-  script = textwrap.dedent(f"""
-      import sys, types
-      sys.modules['tensorboard.compat.notf'] = types.ModuleType('notf')
-      from tensorboard.backend.event_processing import event_accumulator
-      from tensorboard.util import tensor_util
-      acc = event_accumulator.EventAccumulator({remote!r})
-      acc.Reload()
-      print({{e.step: float(tensor_util.make_ndarray(e.tensor_proto))
-             for e in acc.Tensors('train/loss')}})
-      """)
-  out = subprocess.run([sys.executable, '-c', script], capture_output=True,
-                       text=True, timeout=120, check=True).stdout
-  got = eval(out.strip().splitlines()[-1])  # noqa: S307 (our own dict)
-  assert got.keys() == expected.keys()
-  for step, loss in expected.items():
-    assert got[step] == pytest.approx(loss, rel=1e-6)  # stored as float32
 
 
 @pytest.mark.slow

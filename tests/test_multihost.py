@@ -482,7 +482,7 @@ def test_sigterm_to_one_host_stops_every_host_at_the_same_saved_step(
 
 
 @pytest.fixture(scope='module')
-def parquet_table(tmp_path_factory) -> list[str]:
+def parquet_table(tmp_path_factory) -> dict[str, object]:
   import numpy as np  # noqa: PLC0415
   import pandas as pd  # noqa: PLC0415
   root = tmp_path_factory.mktemp('parquet')
@@ -493,22 +493,13 @@ def parquet_table(tmp_path_factory) -> list[str]:
   for i, rows in enumerate(np.array_split(np.arange(len(frame)), 4)):
     frame.iloc[rows].to_parquet(root / f'train-{i}.parquet', index=False)
   frame.iloc[:2000].to_parquet(root / 'eval.parquet', index=False)
-  return ['--config.dataset.name=csv_regression',
-          f'--config.dataset.train_path={root}/train-*.parquet',
-          f'--config.dataset.eval_path={root}/eval.parquet',
-          "--config.dataset.target_columns=('y',)",
-          '--config.dataset.validation=0.1',
+  return {'dataset.name': 'csv_regression',
+          'dataset.train_path': f'{root}/train-*.parquet',
+          'dataset.eval_path': f'{root}/eval.parquet',
+          'dataset.target_columns': ('y',),
+          'dataset.validation': 0.1,
           # Fitted by every process, broadcast from process 0.
-          '--config.model.ridge_blend=True']
-
-
-def _streamed_flags(tmp_path_factory, parquet_table, resident_mb: int
-                    ) -> list[str]:
-  # Members on one 'members' shard: the processes split every batch.
-  return [*_flags(str(tmp_path_factory.mktemp('streamed_data')),
-                  **{'mesh.members': 1,
-                     'dataset.resident_table_mb': resident_mb}),
-          *parquet_table]
+          'model.ridge_blend': True}
 
 
 def test_a_streamed_table_trains_on_2x4_as_on_1x8_and_as_resident(
@@ -516,20 +507,29 @@ def test_a_streamed_table_trains_on_2x4_as_on_1x8_and_as_resident(
   """2 x 4 streamed (each process preparing and reading its share) logs
   the losses of 1 x 8 streamed; on each topology streamed and resident
   log the same, bit for bit."""
-  runs = {}
-  for name, processes, devices, mb in (('2x4', 2, 4, 0),
-                                       ('2x4_resident', 2, 4, 1024),
-                                       ('1x8', 1, 8, 0),
-                                       ('1x8_resident', 1, 8, 1024)):
-    runs[name] = str(tmp_path_factory.mktemp(f'streamed_{name}') / 'run')
-    args = [f'--workdir={runs[name]}',
-            *_streamed_flags(tmp_path_factory, parquet_table, mb)]
-    if processes == 1:
-      _one_process(args, devices)
-    else:
-      job = _run_job(tmp_path_factory, f'logs_streamed_{name}', processes,
-                     devices, [*args, '--verbose'])  # process 1's INFO too
-      assert ('streamed from the host' in job.log(1)) == (mb == 0)
+  runs, jobs = {}, {}
+  try:
+    for name, processes, mb in (('2x4', 2, 0), ('2x4_resident', 2, 1024),
+                                ('1x8', 1, 0), ('1x8_resident', 1, 1024)):
+      runs[name] = str(tmp_path_factory.mktemp(f'streamed_{name}') / 'run')
+      data_dir = str(tmp_path_factory.mktemp('streamed_data'))  # its own
+      # Members on one 'members' shard: the processes split every batch.
+      changes = {**parquet_table, 'mesh.members': 1,
+                 'dataset.resident_table_mb': mb}
+      if processes == 1:  # the pytest process, as `reference` is
+        _train_in_process(data_dir, runs[name], **changes)
+      else:  # the jobs run meanwhile, to overlap their launches
+        jobs[name] = Job(
+            str(tmp_path_factory.mktemp(f'logs_streamed_{name}')),
+            processes, 4, [f'--workdir={runs[name]}',
+                           *_flags(data_dir, **changes),
+                           '--verbose'])  # process 1's INFO too
+    for name, job in jobs.items():
+      job.check()
+      assert ('streamed from the host' in job.log(1)) == (name == '2x4')
+  finally:
+    for job in jobs.values():
+      job.kill()
   streamed = _scalars(runs['1x8'], 'train/loss')
   assert sorted(streamed) == [10, 20, 30, 40]
   _assert_close(_scalars(runs['2x4'], 'train/loss'), streamed)

@@ -9,7 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cli_helpers import regression_frame, run_train, write_table
+from cli_helpers import regression_frame, run_train, saved_config, write_table
+from meshfit.errors import UsageError
+from meshfit.serve import evaluate, predict
 
 # Every test here runs train.py: left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -106,13 +108,13 @@ def test_eval_reports_the_best_steps_out_of_fold_metrics(cross_fitted):
 
 def test_eval_of_a_step_that_was_not_validated_says_what_to_do(
     cross_fitted):
+  # In-process: what --mode=eval --step=N runs, without a train.py start
+  # each (train.py's error line for a UsageError: test_predict, test_cli).
   workdir, _ = cross_fitted
-  proc = run('--mode=eval', f'--workdir={workdir}', '--step=15', check=2)
-  last = proc.stderr.strip().splitlines()[-1]
-  assert last.startswith('error: ') and 'step 15 recorded no estimate' in last
-  assert 'Traceback' not in proc.stderr
-  later = _json(run('--mode=eval', f'--workdir={workdir}', '--step=30',
-                    check=0))
+  config = saved_config(str(workdir))
+  with pytest.raises(UsageError, match='step 15 recorded no estimate'):
+    evaluate.evaluate(config, str(workdir), 15)
+  later = evaluate.evaluate(config, str(workdir), 30)
   assert later['step'] == 30 and later['split'] == 'out_of_fold'
   at_30 = [r for r in _records(workdir) if r['step'] == 30
            and 'val/rmse' in r][0]
@@ -128,9 +130,9 @@ def test_eval_scores_an_eval_file_given_and_predict_works(cross_fitted,
   assert scored['split'] == 'test' and scored['num_examples'] == 80
   assert scored['eval_path'] == f'{table}/eval.csv' and 'note' not in scored
   out = table / 'pred.csv'
-  summary = _json(run('--mode=predict', f'--workdir={workdir}',
-                      f'--input={table}/eval.csv', f'--output={out}',
-                      check=0))
+  # --mode=predict end to end: test_predict; here what it runs, in-process.
+  summary = predict.predict(saved_config(str(workdir)), str(workdir),
+                            f'{table}/eval.csv', str(out))
   assert summary['num_examples'] == 80 and summary['step'] == scored['step']
   pred = pd.read_csv(out)['y_pred'].to_numpy(np.float64)
   truth = regression_frame(80, 1)['y'].to_numpy(np.float32)
@@ -140,16 +142,20 @@ def test_eval_scores_an_eval_file_given_and_predict_works(cross_fitted,
 
 def test_export_gives_the_estimate_marked_as_such(cross_fitted, table):
   workdir, _ = cross_fitted
-  estimate = _json(run('--mode=eval', f'--workdir={workdir}', check=0))
-  (workdir / 'eval' / f'step_{estimate["step"]}.json').unlink()
+  # The estimate --mode=eval reports (the best step's validation metrics,
+  # test_eval_reports_the_best_steps_out_of_fold_metrics), read from the
+  # run's records; with no eval file written, export finds it itself.
+  best = min((r for r in _records(workdir) if 'val/loss' in r),
+             key=lambda r: r['val/loss'])
+  (workdir / 'eval' / f'step_{best["step"]}.json').unlink(missing_ok=True)
   out = table / 'served'
   run('--mode=export', f'--workdir={workdir}', f'--output={out}', check=0)
   card = json.loads((out / 'model.json').read_text())
   scores = card['eval']
-  assert card['step'] == estimate['step']
+  assert card['step'] == best['step']
   assert scores['split'] == 'out_of_fold' and 'no eval file' in (
       scores['source'])
-  assert scores['rmse'] == estimate['rmse'] and 'out of fold' in (
+  assert scores['rmse'] == best['val/rmse'] and 'out of fold' in (
       scores['note'])
 
 
@@ -158,7 +164,7 @@ def test_a_held_out_fraction_estimates_on_its_held_out_rows(table):
   proc = _train(table, workdir, '--config.dataset.validation=0.2')
   done = _done(proc)
   assert 'held-out estimate (no eval file)' in done and 'on 60 rows' in done
-  result = _json(run('--mode=eval', f'--workdir={workdir}', check=0))
+  result = evaluate.evaluate(saved_config(str(workdir)), str(workdir))
   assert result['split'] == 'held_out' and result['num_examples'] == 60
   best = min((r for r in _records(workdir) if 'val/loss' in r),
              key=lambda r: r['val/loss'])

@@ -10,11 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from cli_helpers import regression_frame, run_train
+from cli_helpers import regression_frame, run_train, saved_config
 from input_pipeline import table_files
+from input_pipeline.errors import DataError
 from meshfit.checkpoints import reading
 from meshfit.errors import UsageError
-from meshfit.serve import predict
+from meshfit.serve import evaluate, export, predict
 
 # Every test here trains (or runs train.py): left out of `make test-fast`.
 pytestmark = pytest.mark.slow
@@ -54,7 +55,7 @@ def csv_run(tmp_path_factory):
 
 def test_predicting_the_eval_file_reproduces_the_eval_rmse(csv_run):
   tmp, workdir, eval_ = csv_run
-  scores = _json(run('--mode=eval', f'--workdir={workdir}', check=0))
+  scores = evaluate.evaluate(saved_config(workdir), workdir)
   out = tmp / 'pred.csv'
   summary = _json(run('--mode=predict', f'--workdir={workdir}',
                       f'--input={tmp}/eval.csv', f'--output={out}',
@@ -76,8 +77,8 @@ def test_predicting_the_eval_file_reproduces_the_eval_rmse(csv_run):
 def test_columns_are_found_by_name_on_any_mesh_and_any_step(csv_run):
   tmp, workdir, eval_ = csv_run
   reference = tmp / 'reference.csv'
-  run('--mode=predict', f'--workdir={workdir}', f'--input={tmp}/eval.csv',
-      f'--output={reference}', check=0)
+  predict.predict(saved_config(workdir), workdir, f'{tmp}/eval.csv',
+                  str(reference))
   # Other column order, an extra text column, no targets, rows reversed,
   # Parquet both ways, on one device instead of the 2 x 2 training mesh.
   shuffled = eval_[['c', 'id', 'b', 'a']].iloc[::-1].assign(note='x')
@@ -95,9 +96,8 @@ def test_columns_are_found_by_name_on_any_mesh_and_any_step(csv_run):
                              rtol=1e-5, atol=1e-5)
   # --step picks another checkpoint: another model, other predictions.
   earlier = tmp / 'step150.csv'
-  summary = _json(run('--mode=predict', f'--workdir={workdir}', '--step=150',
-                      f'--input={tmp}/eval.csv', f'--output={earlier}',
-                      check=0))
+  summary = predict.predict(saved_config(workdir), workdir, f'{tmp}/eval.csv',
+                            str(earlier), step=150)
   assert summary['step'] == 150
   assert not np.allclose(pd.read_csv(earlier)['y_pred'],
                          pd.read_csv(reference)['y_pred'])
@@ -110,15 +110,19 @@ def _assert_usage_error(proc, message):
   assert 'Traceback' not in proc.stderr
 
 
+def _assert_refused(call, message):
+  """`call()` raises the error train.py turns into `error: message`."""
+  with pytest.raises((UsageError, DataError)) as e:
+    call()
+  assert message in str(e.value), str(e.value)
+
+
+# End to end through train.py: the flag checks, and a library error of each
+# kind (a DataError, a UsageError) reaching the one error line and status 2.
+# The library's other refusals are the same path: asserted in-process below.
 @pytest.mark.parametrize('case, message', [
-    ('missing_input', "'nope.csv' (--input) does not exist"),
     ('missing_feature', "has no column 'b' (a feature the model was trained "
                         'on)'),
-    ('bad_value', "(--input), column 'a', data row 3 (1-based, header not "
-                  "counted): '4,5' is not a number"),
-    ('missing_keep_column', "has no column 'key' (asked to keep it)"),
-    ('output_is_input', 'is the --input file'),
-    ('output_is_a_directory', 'is a directory; name a file in it'),
     ('no_output', '--mode=predict needs --output'),
     ('input_without_predict', '--input: only for --mode=predict, not '
                               '--mode=eval'),
@@ -131,19 +135,8 @@ def test_bad_predict_requests_exit_2_and_write_nothing(csv_run, case,
   frame = eval_.copy()
   if case == 'missing_feature':
     frame = frame.drop(columns='b')
-  elif case == 'bad_value':
-    frame = frame.astype({'a': object})
-    frame.loc[2, 'a'] = '4,5'
   frame.to_csv(path, index=False)
   args = {
-      'missing_input': ['--mode=predict', '--input=nope.csv',
-                        f'--output={out}'],
-      'missing_keep_column': ['--mode=predict', f'--input={path}',
-                              f'--output={out}', '--keep_columns=id,key'],
-      'output_is_input': ['--mode=predict', f'--input={path}',
-                          f'--output={path}'],
-      'output_is_a_directory': ['--mode=predict', f'--input={path}',
-                                f'--output={tmp}'],
       'no_output': ['--mode=predict', f'--input={path}'],
       'input_without_predict': ['--mode=eval', f'--input={path}'],
       'missing_step': ['--mode=predict', f'--input={path}', f'--output={out}',
@@ -153,12 +146,46 @@ def test_bad_predict_requests_exit_2_and_write_nothing(csv_run, case,
   assert not out.exists()
 
 
+@pytest.mark.parametrize('case, message', [
+    ('missing_input', "'nope.csv' (--input) does not exist"),
+    ('bad_value', "(--input), column 'a', data row 3 (1-based, header not "
+                  "counted): '4,5' is not a number"),
+    ('missing_keep_column', "has no column 'key' (asked to keep it)"),
+    ('output_is_input', 'is the --input file'),
+    ('output_is_a_directory', 'is a directory; name a file in it'),
+])
+def test_bad_predict_requests_are_refused_and_write_nothing(csv_run, case,
+                                                            message):
+  tmp, workdir, eval_ = csv_run
+  path, out = tmp / f'{case}.csv', tmp / f'{case}_pred.csv'
+  frame = eval_.copy()
+  if case == 'bad_value':
+    frame = frame.astype({'a': object})
+    frame.loc[2, 'a'] = '4,5'
+  frame.to_csv(path, index=False)
+  inputs, output, keep = str(path), str(out), ()
+  if case == 'missing_input':
+    inputs = 'nope.csv'
+  elif case == 'missing_keep_column':
+    keep = ('id', 'key')
+  elif case == 'output_is_input':
+    output = str(path)
+  elif case == 'output_is_a_directory':
+    output = str(tmp)
+  _assert_refused(lambda: predict.predict(saved_config(workdir), workdir,
+                                          inputs, output,
+                                          keep_columns=keep), message)
+  assert not out.exists()
+
+
 def _contents(directory: str) -> dict[str, bytes]:
   return {os.path.relpath(os.path.join(root, name), directory):
           open(os.path.join(root, name), 'rb').read()
           for root, _, names in os.walk(directory) for name in names}
 
 
+# The first through train.py, the others in-process (the same refusal, in
+# the library, on each kind of entry and in each mode).
 @pytest.mark.parametrize('mode, output, message', [
     ('predict', 'config.json', "is the run's own 'config.json'"),
     ('predict', 'metrics.jsonl', "is the run's own 'metrics.jsonl'"),
@@ -171,10 +198,17 @@ def test_outputs_never_land_on_the_run(csv_run, mode, output, message):
   path = tmp / 'rows.csv'
   eval_.to_csv(path, index=False)
   before = _contents(workdir)
-  args = ([f'--input={path}'] if mode == 'predict' else [])
-  _assert_usage_error(run(f'--workdir={workdir}', f'--mode={mode}', *args,
-                          f'--output={os.path.join(workdir, output)}',
-                          devices=1), message)
+  output = os.path.join(workdir, output)
+  if output.endswith('config.json'):
+    _assert_usage_error(run(f'--workdir={workdir}', f'--mode={mode}',
+                            f'--input={path}', f'--output={output}',
+                            devices=1), message)
+  elif mode == 'predict':
+    _assert_refused(lambda: predict.predict(saved_config(workdir), workdir,
+                                            str(path), output), message)
+  else:
+    _assert_refused(lambda: export.export(saved_config(workdir), workdir,
+                                          output), message)
   assert _contents(workdir) == before
 
 
@@ -223,7 +257,7 @@ def _png_size(path) -> tuple[int, int]:
 
 def test_training_and_eval_draw_readable_pictures(csv_run):
   _, workdir, _ = csv_run
-  run('--mode=eval', f'--workdir={workdir}', '--step=150', check=0)
+  evaluate.evaluate(saved_config(workdir), workdir, 150)
   import matplotlib.image  # noqa: PLC0415
   sizes = {}
   for name in ('loss_curve.png', 'eval/step_150_predictions.png'):

@@ -22,16 +22,19 @@ pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = int(os.environ.get('MESHFIT_TEST_SEED', random.randrange(1 << 30)))
+STEPS = 200
 
 
 def _args(workdir, data_dir, *extra):
-  # ~90 steps/s on 8 virtual CPU devices: slow enough to be killed mid-run.
+  # ~90 steps/s on 8 virtual CPU devices: slow enough to be killed mid-run;
+  # an evaluation mid-run and one at the end, each resumed across.
   return [sys.executable, 'train.py', f'--workdir={workdir}',
           f'--config.dataset.data_dir={data_dir}',
-          '--config.num_train_steps=400', '--config.model.hidden_sizes=(256,256)',
+          f'--config.num_train_steps={STEPS}',
+          '--config.model.hidden_sizes=(256,256)',
           '--config.batch_size=512', '--config.log_every_steps=10',
           '--config.checkpoint_every_steps=50',
-          '--config.eval_every_steps=200', *extra]
+          f'--config.eval_every_steps={STEPS // 2}', *extra]
 
 
 def _start(args):
@@ -82,7 +85,7 @@ def test_three_sigkills_then_completion_match_exactly(uninterrupted, data_dir,
                                                       tmp_path):
   rng = random.Random(SEED)
   workdir = str(tmp_path)
-  kill_steps = sorted(rng.sample(range(20, 380, 10), 3))
+  kill_steps = sorted(rng.sample(range(20, STEPS - 20, 10), 3))
   for target in kill_steps:
     proc = _start(_args(workdir, data_dir))
     _wait_for_step(proc, workdir, target)
@@ -95,7 +98,8 @@ def test_three_sigkills_then_completion_match_exactly(uninterrupted, data_dir,
     assert _series(workdir, key) == _series(uninterrupted, key), (
         f'{key} differs after SIGKILLs at steps {kill_steps} '
         f'(MESHFIT_TEST_SEED={SEED})')
-  assert sorted(_series(workdir, 'train/loss')) == list(range(10, 401, 10))
+  assert sorted(_series(workdir, 'train/loss')) == list(
+      range(10, STEPS + 1, 10))
 
 
 def test_sigterm_saves_the_step_reached_and_resumes(uninterrupted, data_dir,
@@ -128,18 +132,20 @@ def test_truncated_newest_checkpoint_is_skipped_and_kept(uninterrupted,
   ckpts = os.path.join(workdir, 'checkpoints')
   # The final checkpoint and the periodic one before it.
   *_, previous, newest = sorted(int(s) for s in os.listdir(ckpts))
-  assert (previous, newest) == (350, 400)
-  for parent, _, files in os.walk(os.path.join(ckpts, '400')):
+  assert (previous, newest) == (STEPS - 50, STEPS)
+  for parent, _, files in os.walk(os.path.join(ckpts, str(STEPS))):
     for name in files:
       with open(os.path.join(parent, name), 'r+b') as f:
         f.truncate(os.path.getsize(f.name) // 2)
 
   proc = _run(_args(workdir, data_dir))
   assert proc.returncode == 0, proc.stderr[-3000:]
-  assert 'Checkpoint of step 400 is damaged and is skipped' in proc.stderr
+  assert (f'Checkpoint of step {STEPS} is damaged and is skipped'
+          in proc.stderr)
   assert f'Resuming from the checkpoint of step {previous}' in proc.stderr
-  assert os.path.isdir(os.path.join(workdir, 'damaged_checkpoints', '400'))
-  assert os.path.isdir(os.path.join(ckpts, '400'))  # written again
+  assert os.path.isdir(os.path.join(workdir, 'damaged_checkpoints',
+                                    str(STEPS)))
+  assert os.path.isdir(os.path.join(ckpts, str(STEPS)))  # written again
   assert _series(workdir, 'train/loss') == _series(uninterrupted, 'train/loss')
   assert _series(workdir, 'eval/rmse') == _series(uninterrupted, 'eval/rmse')
 
