@@ -21,7 +21,8 @@ it, docs/design.md draws it):
 
 `import meshfit` imports none of them (train.py sets the environment up
 before JAX starts); `meshfit.fit`, `meshfit.load`, `meshfit.Model` and the
-errors load the library on first use.
+errors load the library on first use (`meshfit.Regressor`, the
+scikit-learn estimator, scikit-learn too).
 """
 
 import importlib
@@ -30,6 +31,7 @@ from typing import Any
 # Public name -> the module that defines it.
 _EXPORTS = {
     'fit': 'meshfit.api', 'load': 'meshfit.api', 'Model': 'meshfit.api',
+    'Regressor': 'meshfit.api.estimator',
     'UsageError': 'meshfit.errors',
     'DataError': 'input_pipeline.errors',
     'StorageError': 'storage',
