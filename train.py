@@ -8,21 +8,22 @@ and one `error: ...` line.
 
 import atexit
 import json
+import logging as std_logging
 import os
 import sys
 import threading
 import time
 
-# Before TensorFlow / TFDS are imported: keep everything local and quiet.
-os.environ.setdefault('NO_GCE_CHECK', 'true')
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
+if __name__ == '__main__':
+  # First, so that it runs last: see _end_now.
+  atexit.register(lambda: _end_now())  # noqa: PLW0108 (defined below)
+
+# Before TensorFlow, TFDS, JAX, Orbax and etils are imported: local, quiet,
+# meshfit's XLA flags, one gs:// endpoint for every storage client.
+from meshfit.parallel import process  # noqa: E402  (imports no jax)
 import storage  # noqa: E402  (imports neither jax nor gcsfs)
 
-xla_flags.apply()  # before jax starts a backend
-# Before Orbax, TensorStore and etils are imported: every storage client of
-# the process reaches gs:// (or STORAGE_EMULATOR_HOST's emulator) alike.
-storage.configure_environment()
+process.prepare()
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -30,24 +31,55 @@ from ml_collections import config_flags  # noqa: E402
 FLAGS = flags.FLAGS
 USAGE_EXIT = 2
 DIVERGED_EXIT = 3  # a non-finite loss: not bad usage, not a crash
+# What a write another thread issued before a usage error is given to land
+# before the error line (see _fail).
+IN_FLIGHT_SECONDS = 0.01
 
 
 def _fail(message: str) -> None:
-  """One `error:` line on stderr and exit status 2: bad input, no traceback."""
-  sys.stdout.flush()
-  # The error line goes to a copy of stderr after stderr itself is sent to
-  # /dev/null: another thread may be printing a traceback (most likely one
-  # of Orbax's, after a damaged checkpoint's restore failed), and on a busy
-  # CPU its first line came out after the error line.
+  """One `error:` line on stderr and exit status 2: bad input, no traceback.
+
+  The line must stay the last one while another thread may be printing
+  (most likely Orbax's, after a damaged checkpoint's restore failed):
+  logging is switched off and its handlers' locks taken (a record being
+  written is finished first), thread and unraisable exceptions go
+  unprinted, and file descriptor 2 is pointed at /dev/null for every later
+  writer, C code's too. A write already issued cannot be waited for by any
+  lock (with PYTHONUNBUFFERED, or from C, stderr has none), and one blocked
+  on a full pipe lands whenever the reader makes room, so it gets
+  IN_FLIGHT_SECONDS before the line goes to a copy of the descriptor. Then
+  os._exit, not sys.exit: the interpreter's teardown can print after the
+  line (Orbax's event loop: "Event loop is closed"), and a usage error
+  leaves nothing that teardown must finish.
+  """
+  std_logging.disable(std_logging.CRITICAL)
+  for handler in _all_handlers():
+    handler.acquire()  # held until the process ends
+  threading.excepthook = lambda args: None
+  sys.unraisablehook = lambda unraisable: None
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):  # a closed pipe: nothing more can be said
+      pass
   stderr = os.dup(2)
   os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
-  sys.stderr.flush()  # what is half-written, to /dev/null
-  time.sleep(0.01)  # a write already in the kernel lands before the line
+  try:
+    sys.stderr.flush()  # what is half-written, to /dev/null
+  except (OSError, ValueError):
+    pass
+  time.sleep(IN_FLIGHT_SECONDS)
   os.write(stderr, f'error: {message}\n'.encode())
-  # Not sys.exit: the interpreter's teardown can print after the error line
-  # (Orbax's event loop after a failed restore: "Event loop is closed"), and
-  # a usage error leaves nothing that teardown must finish.
   os._exit(USAGE_EXIT)
+
+
+def _all_handlers() -> list[std_logging.Handler]:
+  """Every handler of every logger that exists (absl's on the root)."""
+  loggers = [std_logging.getLogger(), *(
+      logger for logger in std_logging.Logger.manager.loggerDict.values()
+      if isinstance(logger, std_logging.Logger))]
+  return list({id(h): h for logger in loggers for h in logger.handlers
+               }.values())
 
 
 def _config_error(e: Exception, argv: list[str]) -> str:
@@ -224,7 +256,7 @@ def _run() -> None:
   import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
 
   from input_pipeline.errors import DataError  # noqa: PLC0415
-  from meshfit.checkpoints import workdir_lock  # noqa: PLC0415
+  from meshfit.api import runs  # noqa: PLC0415
   from meshfit.config import json_files  # noqa: PLC0415
   from meshfit.errors import UsageError  # noqa: PLC0415
   from meshfit.report import progress  # noqa: PLC0415
@@ -244,15 +276,11 @@ def _run() -> None:
                               console=progress.Console(
                                   progress=True, log_scalars=FLAGS.verbose))
     else:
-      workdir_lock.check_workdir(FLAGS.workdir)
-      saved = json_files.load_json(
-          storage.join(FLAGS.workdir, 'config.json'))
       keys = (json_files.flatten(FLAGS.config) if FLAGS['config'].present
               else _overridden_keys())
-      config = json_files.merge_eval_overrides(saved, FLAGS.config, keys)
-      if not any(k.startswith('mesh.') for k in _overridden_keys()):
-        config = json_files.fit_saved_mesh(config, jax.device_count(),
-                                             jax.local_device_count())
+      config = runs.run_config(
+          FLAGS.workdir, FLAGS.config, keys,
+          keep_mesh=any(k.startswith('mesh.') for k in _overridden_keys()))
       if FLAGS.mode == 'eval':
         result = evaluate.evaluate(config, FLAGS.workdir, FLAGS.step)
       elif FLAGS.mode == 'export':
@@ -273,31 +301,38 @@ def _run() -> None:
     sys.exit(preemption.EXIT_CODE)
 
 
-def _leave(status: object) -> None:
-  """Ends the process as Python's exit does, less the teardown of modules.
+# The exit status _end_now ends the process with: an uncaught exception's
+# until main's SystemExit says otherwise.
+_status = 1
 
-  Freeing every module's objects (JAX's, XLA's) one by one took ~0.5 s of a
-  small table's 4 s run (docs/performance.md) and writes nothing: threads are
-  joined and the exit hooks run (logging's flush, JAX's backend and
-  jax.distributed shutdown) before the process ends.
+
+def _end_now() -> None:
+  """The last exit hook: ends the process as Python's exit would, less the
+  teardown of modules.
+
+  Registered before anything else is imported, so it runs after every
+  other exit hook (they run last registered, first run: logging's flush,
+  JAX's backend and jax.distributed shutdown) and after Python has joined
+  the threads. Freeing every module's objects (JAX's, XLA's) one by one took
+  ~0.5 s of a small table's 4 s run (docs/performance.md) and writes
+  nothing.
   """
-  if status is None:
-    status = 0
-  elif not isinstance(status, int):  # sys.exit('message'), as Python does
-    sys.stderr.write(f'{status}\n')
-    status = 1
-  threading._shutdown()  # noqa: SLF001 (what Python's exit calls first)
-  atexit._run_exitfuncs()  # noqa: SLF001
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
-    except OSError:  # a closed pipe (`| head`): nothing more can be said
+    except (OSError, ValueError):  # a closed pipe (`| head`)
       pass
-  os._exit(status)
+  os._exit(_status)
 
 
 if __name__ == '__main__':
   try:
     app.run(main, flags_parser=_parse_flags)
   except SystemExit as e:
-    _leave(e.code)
+    # As Python reads it: None is 0, a message is printed and is 1.
+    _status = (0 if e.code is None else e.code if isinstance(e.code, int)
+               else 1)
+    raise
+  except KeyboardInterrupt:
+    _status = 130  # as a shell reports a process that Ctrl-C stopped
+    raise

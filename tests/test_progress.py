@@ -235,3 +235,19 @@ def test_the_console_writer_of_each_process(capsys):
     (3723, '1:02:03'), (float('inf'), '?')])
 def test_durations(seconds, text):
   assert progress._duration(seconds) == text  # noqa: SLF001
+
+
+def test_a_notebook_gets_the_line_redrawn_without_terminal_escapes():
+  # ipykernel's OutStream: no terminal, but a carriage return redraws.
+  notebook = type('OutStream', (io.StringIO,),
+                  {'__module__': 'ipykernel.iostream'})()
+  shown = progress.Progress(progress.Plan(0, 10, 10), notebook, clock=Clock())
+  shown.write_scalars(5, {'train/loss': 0.5})
+  shown.redraw()
+  shown.write_scalars(10, {'train/loss': 0.25})
+  shown.redraw()
+  shown.close()
+  text = notebook.getvalue()
+  assert '\x1b' not in text
+  assert text.count('\r') >= 2 and text.endswith('\n')
+  assert text.rstrip('\n').split('\r')[-1].startswith('step 10/10')

@@ -9,16 +9,9 @@ Importing it sets up the process as train.py does before JAX starts: XLA's
 flags, storage's environment, TensorFlow's C++ logs quiet.
 """
 
-import os
+from meshfit.parallel import process
 
-# Before TensorFlow, JAX, Orbax and etils are imported (see train.py).
-os.environ.setdefault('NO_GCE_CHECK', 'true')
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
-import storage  # noqa: E402
-
-xla_flags.apply()
-storage.configure_environment()
+process.prepare()  # before JAX, TensorFlow, Orbax and etils are imported
 
 from meshfit.api.fitting import fit, load  # noqa: E402
 from meshfit.api.model import Model  # noqa: E402

@@ -39,6 +39,15 @@ class _Handler(logging.Handler):
       self.handleError(record)
 
 
+class _ReadOnlyNotices(logging.Filter):
+  """Drops Orbax's notices that a checkpoint opened for reading is read
+  only: every predict and evaluate opens one so, on purpose."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not ('/orbax/' in record.pathname and record.levelno < logging.ERROR
+                and 'read only' in record.getMessage().replace('_', ' '))
+
+
 @contextlib.contextmanager
 def shown(verbose: int) -> Iterator[None]:
   """meshfit's records on the console while the block runs.
@@ -49,6 +58,7 @@ def shown(verbose: int) -> Iterator[None]:
   """
   handler = _Handler(logging.INFO if verbose else logging.WARNING)
   handler.addFilter(LogFilter(library_logs=verbose >= 2))
+  handler.addFilter(_ReadOnlyNotices())
   saved = []
   for name in LOGGERS:
     logger = logging.getLogger(name)

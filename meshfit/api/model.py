@@ -19,7 +19,7 @@ import numpy as np
 import storage
 from input_pipeline.column_plan import ColumnPlan
 from meshfit import config as config_lib
-from meshfit.api import console, settings
+from meshfit.api import console, runs, settings
 from meshfit.checkpoints import reading
 from meshfit.config import json_files
 from meshfit.errors import UsageError
@@ -65,10 +65,7 @@ class Model:
     self.workdir, self._owned, self._verbose = workdir, owned, verbose
     self._saved_config = json_files.load_json(
         storage.join(workdir, 'config.json'))
-    # As --mode=predict takes it: the training mesh, unless it does not tile
-    # this machine's devices.
-    self._run_config = config_lib.parse(json_files.fit_saved_mesh(
-        self._saved_config, jax.device_count(), jax.local_device_count()))
+    self._run_config = config_lib.parse(runs.run_config(workdir))
     with console.shown(0), reading.SavedModel(workdir, step) as saved:
       self.step, self._plan = saved.step, saved.plan
     self._restored: tuple[Setup, TrainState] | None = None
@@ -177,13 +174,13 @@ class Model:
       What eval/step_<N>.json holds: step, split, num_examples, mse, rmse,
       mae, r2, per-target values (and nll and coverage for gaussian models).
     """
-    config = self._saved_config
+    given, keys = None, ()
     if data is not None:
-      config = ml_collections.ConfigDict(config.to_dict())
-      config.dataset.eval_path = settings.path_of(
-          data, config.dataset.data_dir, 'dataset.eval_path')
-    config = json_files.fit_saved_mesh(config, jax.device_count(),
-                                       jax.local_device_count())
+      given = self.config
+      given.dataset.eval_path = settings.path_of(
+          data, given.dataset.data_dir, 'dataset.eval_path')
+      keys = ('dataset.eval_path',)
+    config = runs.run_config(self.workdir, given, keys)
     with console.shown(min(self._verbose, 1)):
       return evaluate_lib.evaluate(config, self.workdir, self.step)
 

@@ -33,6 +33,8 @@ STALL_EVALS = 10
 # (docs/tables.md has what twice the length bought such tables).
 LATE_BEST_FRACTION = 0.1
 _CLEAR_LINE = '\r\x1b[K'
+# A notebook's line is as wide as this (it has no terminal size).
+NOTEBOOK_COLUMNS = 120
 
 
 class Validated(Protocol):
@@ -119,7 +121,12 @@ class Progress(writers.ScalarWriter):
     """
     self._plan, self._clock = plan, clock
     self._stream = sys.stdout if stream is None else stream
-    self._live = _is_terminal(self._stream) if live is None else live
+    # A notebook's output area redraws a line after a carriage return too,
+    # but shows other escape sequences as they are.
+    self._notebook = _is_notebook(self._stream)
+    self._live = (_is_terminal(self._stream) or self._notebook
+                  if live is None else live)
+    self._erase = '\r' if self._notebook else _CLEAR_LINE
     # Reentrant: a record logged while the display holds it (by a stream's
     # own warning, say) passes through _ClearLine in the same thread.
     self._lock = threading.RLock()
@@ -139,7 +146,7 @@ class Progress(writers.ScalarWriter):
     self._thread = None
     if self._live:
       self._guard = _ClearLine(self)
-      for handler in logging.getLogger().handlers:
+      for handler in _console_handlers():
         handler.addFilter(self._guard)
       self._thread = threading.Thread(target=self._redraw_loop, daemon=True,
                                       name='meshfit-progress')
@@ -256,7 +263,7 @@ class Progress(writers.ScalarWriter):
 
   def _print(self, text: str) -> None:
     """A line of its own (on a terminal, above the progress line)."""
-    self._write((_CLEAR_LINE if self._shown else '') + text + '\n')
+    self._write((self._erase if self._shown else '') + text + '\n')
     self._shown = ''
 
   def _write(self, text: str) -> None:
@@ -282,9 +289,12 @@ class Progress(writers.ScalarWriter):
     if self._last_write is None:
       return  # nothing trained yet: no line
     # The last column left free: a terminal wraps a line that fills it.
-    text = self.line(now, max(shutil.get_terminal_size().columns - 1, 20))
+    width = (NOTEBOOK_COLUMNS if self._notebook else
+             max(shutil.get_terminal_size().columns - 1, 20))
+    text = self.line(now, width)
     if force or text != self._shown:
-      self._write('\r' + text + '\x1b[K')  # the end of a longer line
+      # A terminal keeps the end of a longer line unless told to clear it.
+      self._write('\r' + text + ('' if self._notebook else '\x1b[K'))
       self._shown = text
 
   def _redraw_loop(self) -> None:
@@ -295,7 +305,7 @@ class Progress(writers.ScalarWriter):
     """Takes the line off the screen (a log record is about to print)."""
     with self._lock:
       if self._shown:
-        self._write(_CLEAR_LINE)
+        self._write(self._erase)
         self._shown = ''
       self._hold_until = self._clock() + AFTER_RECORD_SECONDS
 
@@ -307,7 +317,7 @@ class Progress(writers.ScalarWriter):
     if self._thread is None:
       return
     self._thread.join()
-    for handler in logging.getLogger().handlers:
+    for handler in _console_handlers():
       handler.removeFilter(self._guard)
     with self._lock:
       if self._last_write is not None:
@@ -328,6 +338,20 @@ class _ClearLine(logging.Filter):
   def filter(self, record: logging.LogRecord) -> bool:  # noqa: ARG002
     self._progress.clear()
     return True
+
+
+def _console_handlers() -> list[logging.Handler]:
+  """The handlers a log record reaches the console through: the root
+  logger's (train.py's absl handler), and absl's own (a library call's, see
+  meshfit/api/console.py)."""
+  handlers = [*logging.getLogger().handlers,
+              *logging.getLogger('absl').handlers]
+  return list({id(h): h for h in handlers}.values())
+
+
+def _is_notebook(stream: TextIO) -> bool:
+  """Whether `stream` is a Jupyter kernel's output (ipykernel's stream)."""
+  return type(stream).__module__.startswith('ipykernel')
 
 
 def _is_terminal(stream: TextIO) -> bool:
