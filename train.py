@@ -12,11 +12,45 @@ import logging as std_logging
 import os
 import sys
 import threading
-import time
 
 if __name__ == '__main__':
   # First, so that it runs last: see _end_now.
   atexit.register(lambda: _end_now())  # noqa: PLW0108 (defined below)
+
+
+class _SerialStream:
+  """A stream whose writes take one lock each, flushed before it is let go.
+
+  stderr is wrapped so before anything can hold it (absl's handler keeps the
+  stream it was made with): `_fail` takes the lock and keeps it, which
+  waits for a write in flight, even one blocked on a full pipe, and lets no
+  later one through, so that the error line is the last. Everything else is
+  the wrapped stream's.
+  """
+
+  def __init__(self, stream):
+    self.wrapped = stream
+    self.lock = threading.RLock()  # a signal handler may write mid-write
+
+  def write(self, text: str) -> int:
+    with self.lock:
+      written = self.wrapped.write(text)
+      self.wrapped.flush()  # out while the lock is held
+      return written
+
+  def writelines(self, lines) -> None:
+    for line in lines:
+      self.write(line)
+
+  def flush(self) -> None:
+    with self.lock:
+      self.wrapped.flush()
+
+  def __getattr__(self, name: str):
+    return getattr(self.wrapped, name)
+
+
+sys.stderr = _SerialStream(sys.stderr)
 
 # Before TensorFlow, TFDS, JAX, Orbax and etils are imported: local, quiet,
 # meshfit's XLA flags, one gs:// endpoint for every storage client.
@@ -31,9 +65,6 @@ from ml_collections import config_flags  # noqa: E402
 FLAGS = flags.FLAGS
 USAGE_EXIT = 2
 DIVERGED_EXIT = 3  # a non-finite loss: not bad usage, not a crash
-# What a write another thread issued before a usage error is given to land
-# before the error line (see _fail).
-IN_FLIGHT_SECONDS = 0.01
 
 
 def _fail(message: str) -> None:
@@ -41,34 +72,34 @@ def _fail(message: str) -> None:
 
   The line must stay the last one while another thread may be printing
   (most likely Orbax's, after a damaged checkpoint's restore failed):
-  logging is switched off and its handlers' locks taken (a record being
-  written is finished first), thread and unraisable exceptions go
-  unprinted, and file descriptor 2 is pointed at /dev/null for every later
-  writer, C code's too. A write already issued cannot be waited for by any
-  lock (with PYTHONUNBUFFERED, or from C, stderr has none), and one blocked
-  on a full pipe lands whenever the reader makes room, so it gets
-  IN_FLIGHT_SECONDS before the line goes to a copy of the descriptor. Then
-  os._exit, not sys.exit: the interpreter's teardown can print after the
-  line (Orbax's event loop: "Event loop is closed"), and a usage error
-  leaves nothing that teardown must finish.
+  logging is switched off and its handlers' locks taken, stderr's lock
+  (`_SerialStream`) too, each waiting for a write in flight and kept, so
+  nothing written through them follows; thread and unraisable exceptions go
+  unprinted; file descriptor 2 is pointed at /dev/null for C code's writes,
+  and the line goes to a copy of it. Then os._exit, not sys.exit: the
+  interpreter's teardown can print after the line (Orbax's event loop:
+  "Event loop is closed"), and a usage error leaves nothing that teardown
+  must finish.
   """
   std_logging.disable(std_logging.CRITICAL)
   for handler in _all_handlers():
     handler.acquire()  # held until the process ends
   threading.excepthook = lambda args: None
   sys.unraisablehook = lambda unraisable: None
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except (OSError, ValueError):  # a closed pipe: nothing more can be said
-      pass
-  stderr = os.dup(2)
-  os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
   try:
-    sys.stderr.flush()  # what is half-written, to /dev/null
+    sys.stdout.flush()
+  except (OSError, ValueError):  # a closed pipe: nothing more can be said
+    pass
+  stream = sys.stderr
+  if isinstance(stream, _SerialStream):
+    stream.lock.acquire()  # held until the process ends
+    stream = stream.wrapped
+  try:
+    stream.flush()
   except (OSError, ValueError):
     pass
-  time.sleep(IN_FLIGHT_SECONDS)
+  stderr = os.dup(2)
+  os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
   os.write(stderr, f'error: {message}\n'.encode())
   os._exit(USAGE_EXIT)
 

@@ -39,8 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Five members cross-fitted over five folds: each trains on four fifths
   # of the rows and picks the best step on the fifth it did not see, so the
   # ensemble learns from every row and is judged on every row.
-  config.dataset.validation_fraction = 0.0
-  config.dataset.validation_folds = 5
+  config.dataset.validation = 5
   config.model.ensemble_size = 5
   # Each member reads a category value as unknown unless its own training
   # rows hold it twice (as the plan asks of the whole file), so that its

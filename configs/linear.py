@@ -14,7 +14,7 @@ def get_config() -> ml_collections.ConfigDict:
   config = default.get_config()
   config.dataset.name = 'synthetic_regression/linear'
   # The tutorial fits raw x and y; keep its units and dynamics.
-  config.dataset.standardize = False
+  config.dataset.numeric_scaling = 'none'
   config.model.hidden_sizes = ()
   config.optimizer.name = 'sgd'
   config.optimizer.learning_rate = 0.005

@@ -8,18 +8,20 @@ it, docs/design.md draws it):
                compilation cache, fetching device values without waiting
   config       the run config: typed, checked, saved in the workdir, sized
   data         a run's splits, batches on the mesh, feature statistics
-  model        train state, optimizer, jitted steps, the model over a table,
-               members, uncertainty, ridge parts
+  model        train state, optimizer, jitted train steps, the model run
+               forward and over a table, members, uncertainty, ridge parts
+               and per-member vocabularies
   checkpoints  Orbax checkpoints, the workdir lock, reading a saved model
   report       scalar writers (console, TensorBoard, metrics.jsonl), plots
   train        the training loop and what it schedules
   serve        eval, predict and export of a saved model
   api          the library: fit, load and Model (train.py is its client)
 
-`errors` and `files` sit below them all. Beneath them: `input_pipeline`
-(tables, column plans, prepared copies), `models` (Flax modules), `configs`
-and `storage` (the one file layer), meshfit.input_pipeline and so on: the
-folders beside meshfit/ in a checkout, inside it once installed.
+`errors` sits below them all. Beneath them: `input_pipeline` (tables,
+column plans, prepared copies), `models` (Flax modules), `configs`, and
+`storage`, the one file layer every run file goes through (local or gs://):
+meshfit.input_pipeline and so on, folders beside meshfit/ in a checkout and
+inside it once installed.
 
 `import meshfit` imports none of them (train.py sets the environment up
 before JAX starts); `meshfit.fit`, `meshfit.load`, `meshfit.Model` and the

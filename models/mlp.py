@@ -48,43 +48,17 @@ DTYPES: dict[str, jnp.dtype] = {
 
 @dataclasses.dataclass(frozen=True)
 class MlpConfig:
-  """The model section of the config, typed.
+  """The model section of the config, typed: each field is the config key
+  `model.<field>`, whose default, meaning and accepted values
+  configs/default.py declares (tests/test_config.py holds these fields to
+  the declarations; a model knows nothing of configs).
 
-  Attributes:
-    hidden_sizes: widths of the hidden layers; `()` is a linear model.
-    activation: a key of `ACTIVATIONS`.
-    dropout_rate: dropout probability after each hidden activation.
-    dtype: a key of `DTYPES`: what the matmuls' inputs are cast to. Their
-      products are accumulated and returned in float32 whatever it is. With
-      bfloat16 the backward pass's matmuls run in bfloat16 too
-      (`low_precision_matmul`); biases, activations and gradients stay
-      float32.
-    param_dtype: a key of `DTYPES`: how parameters are stored (and so the
-      optimizer's moments and the checkpoints).
-    numeric_embedding: 'none' (each number as it is) or 'ple' (its
-      piecewise-linear encoding over `ple_bins` bins and a learned
-      per-number layer of `numeric_embedding_dim`).
-    raw_numbers: give the first layer each number as it is too
-      (standardised and clipped, beside its scaling or embedding; the input
-      layout carries it).
-    ple_bins: bins of the piecewise-linear encoding.
-    numeric_embedding_dim: width of each number's embedding ('ple').
-    category_embedding_dim: width of each category value's embedding.
-    category_onehot_max: a category with at most this many codes (its
-      values, unknown and missing) enters one-hot instead of through a
-      learned embedding (0: every category is embedded).
-    category_member_min_count: a member reads a category code as unknown
-      unless its own training rows hold it this often
-      (`embeddings.MemberVocabulary`); 0: every member reads every code.
-    ridge_blend: each member also holds a linear model of its encoded
-      inputs (`models/ridge.py`), fitted in closed form, and predicts a
-      blend of the two whose weight is chosen on validation rows
-      (squared_error only).
-    ensemble_size: members trained as one program (the train state stacks
-      them; one Mlp is one member).
-    likelihood: 'squared_error' (the head predicts the targets) or
-      'gaussian' (it predicts their mean and a raw variance: 2 T outputs).
-    nll_beta: gaussian only: the beta of beta-NLL.
+  How the network reads some of them: `dtype` is what the matmuls' inputs
+  are cast to, their products accumulated in float32 (with bfloat16 the
+  backward pass's matmuls run in bfloat16 too, `low_precision_matmul`;
+  biases, activations and gradients stay float32); `ensemble_size` members
+  are stacked by the train state, one Mlp being one member; `gaussian`
+  makes the head predict a mean and a raw variance (2 T outputs).
   """
   hidden_sizes: tuple[int, ...]
   activation: str

@@ -3,11 +3,11 @@
 This package owns how meshfit reads and writes files: tables, prepared
 copies (read back by byte range), config.json, metrics.jsonl, TensorBoard
 events, plots, eval JSON, predictions, exports, the workdir lock and the
-listing and moving of checkpoint directories. Everything else calls these
-functions with `str` paths and never `open`s or `os.replace`s a run file
-itself. Orbax and TensorStore write checkpoint contents on their own;
-`configure_environment` points them (and etils.epath, which Orbax uses for
-directories) at the same storage.
+listing, renaming and moving of checkpoint and export directories.
+Everything else calls these functions with `str` paths and never `open`s
+or `os.replace`s a run file itself. Orbax and TensorStore write checkpoint
+contents on their own; `configure_environment` points them (and
+etils.epath, which Orbax uses for directories) at the same storage.
 
 Local paths behave exactly as the os functions they wrap. gs:// URLs go
 through gcsfs with Google's Application Default Credentials, or anonymously
@@ -23,8 +23,9 @@ input_pipeline and meshfit use it.
 from storage.environment import configure_environment
 from storage.errors import StorageError
 from storage.files import (atomic_write, copy_file, copytree, exists, glob,
-                           isdir, isfile, listdir, makedirs, move, open,
-                           read_bytes, read_text, remove, rmtree, size)
+                           isdir, isfile, list_files, listdir, makedirs,
+                           move, open, read_bytes, read_text, remove, rename,
+                           rmtree, size)
 from storage.paths import (SCHEMES, absolute, basename, check_scheme,
                            dirname, is_remote, join, split_url)
 from storage.streams import (AppendWriter, RangeReader, create_exclusive,
@@ -34,7 +35,7 @@ __all__ = [
     'SCHEMES', 'AppendWriter', 'RangeReader', 'StorageError', 'absolute',
     'atomic_write', 'basename', 'check_scheme', 'configure_environment',
     'copy_file', 'copytree', 'create_exclusive', 'dirname', 'exists', 'glob',
-    'is_remote', 'isdir', 'isfile', 'join', 'listdir', 'makedirs', 'move',
-    'open', 'read_bytes', 'read_range', 'read_text', 'remove', 'rmtree',
-    'size', 'split_url',
+    'is_remote', 'isdir', 'isfile', 'join', 'list_files', 'listdir',
+    'makedirs', 'move', 'open', 'read_bytes', 'read_range', 'read_text',
+    'remove', 'rename', 'rmtree', 'size', 'split_url',
 ]

@@ -118,8 +118,9 @@ def rmtree(path: str) -> None:
   gcs.call(path, fs.rm, gcs.key(path).rstrip('/') + '/', recursive=True)
 
 
-def _files_under(path: str) -> list[str]:
-  """Relative paths ('/'-separated) of every file under a directory."""
+def list_files(path: str) -> list[str]:
+  """Every file under a directory, as sorted '/'-separated paths relative
+  to it (a walk of the tree; [] for a missing directory)."""
   if not paths.is_remote(path):
     found = []
     for root, _, files in os.walk(path):
@@ -153,7 +154,7 @@ def copy_file(src: str, dst: str) -> None:
   _copy_file(src, dst)
 
 
-def copytree(src: str, dst: str) -> None:
+def copytree(src: str, dst: str, last: str | None = None) -> None:
   """Copies every file under `src` to the same place under `dst`.
 
   Works between any two of local and gs:// (an export written locally and
@@ -163,11 +164,13 @@ def copytree(src: str, dst: str) -> None:
   Args:
     src: an existing directory.
     dst: where its files go; files already there are overwritten.
+    last: a file (relative to `src`) copied after all the others, so that
+      a reader who finds it under `dst` finds the rest too.
   """
-  files = _files_under(src)
+  files = list_files(src)
   if not files and not isdir(src):
     raise FileNotFoundError(f'No such directory: {src}')
-  for rel in files:
+  for rel in sorted(files, key=lambda rel: rel == last):  # stable: `last` last
     _copy_file(join_rel(src, rel), join_rel(dst, rel))
 
 
@@ -203,7 +206,7 @@ def move(src: str, dst: str) -> None:
   if isfile(src):
     pairs = [(src, dst)]
   else:
-    pairs = [(join_rel(src, r), join_rel(dst, r)) for r in _files_under(src)]
+    pairs = [(join_rel(src, r), join_rel(dst, r)) for r in list_files(src)]
     if not pairs:
       raise FileNotFoundError(f'No such file or directory: {src}')
   for a, b in pairs:
@@ -215,6 +218,26 @@ def move(src: str, dst: str) -> None:
                          f'source is kept')
   for a, _ in pairs:
     gcs.call(a, fs.rm_file, gcs.key(a))
+
+
+def rename(src: str, dst: str) -> None:
+  """Renames a file or directory: a directory written beside `dst` appears
+  there whole.
+
+  Locally rename(2), in one step: an empty directory at `dst` is replaced,
+  a directory with anything in it is not (OSError), so nothing written
+  there since is lost. gs:// has no rename: there it is `move`, object by
+  object, and any object under `dst` refuses it.
+
+  Args:
+    src: an existing file or directory.
+    dst: the new path, on the same storage (and, locally, file system) as
+      `src`.
+  """
+  if not paths.is_remote(src) and not paths.is_remote(dst):
+    os.rename(src, dst)
+    return
+  move(src, dst)
 
 
 def open(path: str, mode: str = 'r') -> IO:  # noqa: A001 (the layer's open)

@@ -44,12 +44,13 @@ def jit_train_step(graphdef: nnx.GraphDef, layout: InputLayout,
                    member_tx: Callable[[Hyperparameters],
                                        optax.GradientTransformation],
                    state_shardings: TrainState, mesh: Mesh,
-                   log_every_steps: int, dropout: bool = False
+                   dropout: bool = False
                    ) -> Callable[[TrainState, Batch],
                                  tuple[TrainState, jax.Array]]:
   """One `train_step` on each member's batch of input columns and targets
   (M x B x ...), jitted: state donated, shardings pinned both ways (a
-  reference for `train_call`)."""
+  reference for `train_call`'s losses; the train metrics are left as they
+  are)."""
   batch = sharding.member_batch_sharding(mesh)
 
   def step(state, batch):
@@ -59,7 +60,7 @@ def jit_train_step(graphdef: nnx.GraphDef, layout: InputLayout,
     batch_z = {name: a.reshape(x.shape[:2] + a.shape[1:])
                for name, a in flat.items()}
     return train_step(state, batch_z, graphdef=graphdef, member_tx=member_tx,
-                      log_every_steps=log_every_steps, dropout=dropout)[:2]
+                      dropout=dropout)[:2]
   return jax.jit(
       step,
       in_shardings=(state_shardings, {'x': batch, 'y': batch}),

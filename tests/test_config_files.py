@@ -1,12 +1,16 @@
 """config.json and the saved config: defaults for newer keys, a fitting mesh."""
 
+import dataclasses
 import json
+import pathlib
+from unittest import mock
 
 import pytest
+from absl import logging
 
 from configs import default
 from meshfit import config as config_lib
-from meshfit.config import json_files
+from meshfit.config import json_files, spellings
 from meshfit.errors import UsageError
 
 
@@ -68,3 +72,50 @@ def test_a_checkpoint_with_keys_this_meshfit_lacks_is_named():
                      r'with model.linear_head=True, optimizer.lookahead=5, '
                      r'which this meshfit does not have'):
     json_files.check_known_keys(trained, 40, 'w/checkpoints')
+
+
+OLD = pathlib.Path(__file__).parent / 'data' / 'config_with_old_keys.json'
+
+
+def test_a_config_json_with_the_old_keys_loads_as_now():
+  # configs/csv.py's run as an older meshfit saved it: dataset.standardize,
+  # dataset.validation_folds=5 and dataset.validation_fraction=0.0.
+  loaded = json_files.load_json(str(OLD))
+  flat = json_files.flatten(loaded)
+  assert not set(flat) & set(spellings.RENAMED)
+  assert (loaded.dataset.validation, loaded.dataset.numeric_scaling) == (
+      5, 'quantile')
+  config = config_lib.parse(loaded)
+  assert config.dataset.validation_folds == 5
+  assert config.dataset.validation_fraction == 0.0
+  assert set(flat) == set(json_files.flatten(default.get_config()))
+
+
+def test_a_checkpoint_with_the_old_keys_resumes_and_is_known():
+  trained = json.loads(OLD.read_text())
+  now = config_lib.parse(json_files.load_json(str(OLD)))
+  json_files.check_known_keys(trained, 40, 'w/checkpoints')
+  json_files.check_resume_compatible(trained, now, step=40)
+  moved = dataclasses.replace(now, dataset=dataclasses.replace(
+      now.dataset, validation=0.2))
+  with pytest.raises(UsageError, match=r'dataset.validation \(checkpoint 5, '
+                     r'now 0.2\)'):
+    json_files.check_resume_compatible(trained, moved, step=40)
+  raw = dict(trained, dataset=dict(trained['dataset'], standardize=False))
+  assert config_lib.parse(raw).dataset.numeric_scaling == 'none'
+
+
+def test_a_config_file_with_the_old_keys_is_read_with_a_warning():
+  raw = default.get_config()
+  raw.dataset.validation_fraction = 0.2  # what an older config file set
+  raw.dataset.standardize = False
+  with mock.patch.object(logging, 'warning') as warning:
+    config = config_lib.parse(raw)
+  assert (config.dataset.validation, config.dataset.numeric_scaling) == (
+      0.2, 'none')
+  said = ' '.join(str(c.args) for c in warning.call_args_list)
+  assert 'dataset.validation=0.2' in said
+  assert "dataset.numeric_scaling='none'" in said
+  raw.dataset.validation_folds = 5
+  with pytest.raises(UsageError, match='are both set; choose one'):
+    config_lib.parse(raw)

@@ -39,8 +39,7 @@ def _dataset(tmp_path, train: str, eval_: str, targets=('y',), features=()
   dataset.eval_path = eval_
   dataset.target_columns = targets
   dataset.feature_columns = features
-  dataset.validation_fraction = 0.0  # every row of the file in `train`
-  dataset.validation_folds = 0
+  dataset.validation = 0  # every row of the file in `train`
   return dataset
 
 
@@ -192,13 +191,12 @@ def test_without_an_eval_file_validation_rows_are_needed():
   config.dataset.target_columns = ('y',)
   assert config.dataset.eval_path == ''
   config_lib.parse(config)  # its folds estimate the error
-  config.dataset.validation_folds = 0
-  config.dataset.validation_fraction = 0.2
+  config.dataset.validation = 0.2
   config_lib.parse(config)  # so do its held-out rows
-  config.dataset.validation_fraction = 0.0
+  config.dataset.validation = 0
   with pytest.raises(UsageError, match=(
       'dataset.eval_path is empty and the run validates on no rows.*'
-      'dataset.validation_folds=5')):
+      'set dataset.validation to a number of folds')):
     config_lib.parse(config)
 
 

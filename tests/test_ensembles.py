@@ -25,7 +25,7 @@ def _ensemble_config(data_dir):
   from configs import default  # noqa: PLC0415
   config = default.get_config()
   config.dataset.data_dir = data_dir
-  config.dataset.validation_fraction = 0.2
+  config.dataset.validation = 0.2
   config.model.hidden_sizes = (32, 32)
   config.model.ensemble_size = 4
   config.model.likelihood = 'gaussian'
@@ -165,7 +165,7 @@ def test_an_interval_of_a_model_without_a_distribution_is_refused(
 def test_a_diverging_member_is_left_out_and_the_others_train_on(
     small_config, tmp_path, absl_caplog):
   config = small_config
-  config.dataset.validation_fraction = 0.2
+  config.dataset.validation = 0.2
   config.model.ensemble_size = 2
   config.sweep.learning_rates = (1e-2, 1e9)
   config.sweep.select = 'all'
@@ -184,8 +184,7 @@ def _cross_fit_config(data_dir):
   """Four members in two bags of two folds, two learning rates, the best
   bag chosen out of fold and blended with its ridge parts."""
   config = _ensemble_config(data_dir)
-  config.dataset.validation_fraction = 0.0
-  config.dataset.validation_folds = 2
+  config.dataset.validation = 2
   config.model.likelihood = 'squared_error'
   config.model.ridge_blend = True
   config.sweep.select = 'best'

@@ -238,8 +238,7 @@ def _dataset(root: str, data_dir: str, train: str = 'train-*.parquet'):
                                 for p in train.split(','))
   dataset.eval_path = storage.join(root, 'eval.csv')
   dataset.target_columns = ('y',)
-  dataset.validation_fraction = 0.0
-  dataset.validation_folds = 0
+  dataset.validation = 0
   return dataset
 
 
@@ -263,7 +262,7 @@ def test_a_streamed_table_is_read_from_a_gs_data_dir(roots, gcs_dir):
   remote = _dataset(roots['gcs'], f'{gcs_dir}/data')
   for dataset in (local, remote):
     dataset.resident_table_mb = 0
-    dataset.validation_fraction = 0.1
+    dataset.validation = 0.1
   a = splits_lib.load_splits(dataset_config(local), seed=0)
   b = splits_lib.load_splits(dataset_config(remote), seed=0)
   assert isinstance(b.train, Store) and b.train.directory.startswith(gcs_dir)
@@ -360,8 +359,7 @@ def _train_py(*args: str) -> subprocess.CompletedProcess:
        '--config.log_every_steps=20', '--config.eval_every_steps=40',
        '--config.checkpoint_every_steps=40',
        # Held-out rows rather than folds: a streamed table can be validated.
-       '--config.dataset.validation_folds=0',
-       '--config.dataset.validation_fraction=0.1', *args],
+       '--config.dataset.validation=0.1', *args],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
       check=False)
 

@@ -91,7 +91,7 @@ def _table(bucket_dir: str) -> list[str]:
           f'--config.dataset.eval_path={bucket_dir}/table/eval.csv',
           f'--config.dataset.data_dir={bucket_dir}/data',
           "--config.dataset.target_columns=('y',)",
-          '--config.dataset.validation_fraction=0.1',
+          '--config.dataset.validation=0.1',
           '--config.num_train_steps=300', '--config.model.hidden_sizes=(32,32)',
           '--config.model.ensemble_size=2', '--config.mesh.members=2',
           '--config.model.category_member_min_count=2',

@@ -21,6 +21,7 @@ import storage
 from cli_helpers import ROOT, run_train
 from meshfit.checkpoints import reading, workdir_lock
 from meshfit.errors import UsageError
+from meshfit.parallel import programs
 from meshfit.report import writers
 from meshfit.serve import evaluate, export, predict
 from meshfit.train import loop
@@ -37,6 +38,9 @@ def _local_and_gcs_runs(small_config, tmp_path, gcs_dir):
   loop.train_and_evaluate(small_config, local)
   remote = storage.join(gcs_dir, 'run')
   small_config.compilation_cache_dir = storage.join(gcs_dir, 'cache')
+  # Runs of a process share their programs: the remote one must compile its
+  # own for the bucket's cache to get them.
+  programs.clear()
   final = loop.train_and_evaluate(small_config, remote)
   return local, remote, final
 

@@ -92,8 +92,7 @@ def _train_losses(dtype: str, num_steps: int) -> tuple[np.ndarray, dict]:
       setup.arch, setup.tx, mesh, 0, norm,
       optim.Hyperparameters.of(config_lib.parse(config)))
   train_step = jit_train_step(setup.graphdef, setup.arch.layout,
-                                    setup.member_tx, setup.shardings, mesh,
-                                    config.log_every_steps)
+                                    setup.member_tx, setup.shardings, mesh)
   # One member's batch (M x B x ...).
   batch = {'x': jnp.asarray(x_BxF)[None], 'y': jnp.asarray(y_Bx1)[None]}
   losses = []
@@ -272,8 +271,7 @@ def _train_on_mesh(mesh, dtype: str, num_steps: int) -> tuple[np.ndarray,
       setup.arch, setup.tx, mesh, 0, norm,
       optim.Hyperparameters.of(config_lib.parse(config)))
   train_step = jit_train_step(setup.graphdef, setup.arch.layout,
-                                    setup.member_tx, setup.shardings, mesh,
-                                    config.log_every_steps)
+                                    setup.member_tx, setup.shardings, mesh)
   batch_sharding = sharding.member_batch_sharding(mesh)
   batch = {'x': jax.device_put(x_BxF[None], batch_sharding),
            'y': jax.device_put(y_BxT[None], batch_sharding)}
@@ -440,9 +438,9 @@ def test_ridge_blend_must_be_a_bool_and_needs_validation_and_values():
     config_lib.parse(raw)
   raw['model']['ridge_blend'] = True
   with pytest.raises(UsageError, match=r'weighs the ridge part on validation'
-                     r' rows; set dataset.validation_fraction'):
+                     r' rows; set dataset.validation'):
     config_lib.parse(raw)
-  raw['dataset']['validation_fraction'] = 0.2
+  raw['dataset']['validation'] = 0.2
   assert config_lib.parse(raw).model.ridge_blend
   raw['model']['likelihood'] = 'gaussian'
   with pytest.raises(UsageError, match=r"model.likelihood='gaussian' "

@@ -416,7 +416,7 @@ def parquet_table(tmp_path_factory) -> list[str]:
           f'--config.dataset.train_path={root}/train-*.parquet',
           f'--config.dataset.eval_path={root}/eval.parquet',
           "--config.dataset.target_columns=('y',)",
-          '--config.dataset.validation_fraction=0.1',
+          '--config.dataset.validation=0.1',
           # Fitted by every process, broadcast from process 0.
           '--config.model.ridge_blend=True']
 

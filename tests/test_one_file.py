@@ -155,8 +155,7 @@ def test_export_gives_the_estimate_marked_as_such(cross_fitted, table):
 
 def test_a_held_out_fraction_estimates_on_its_held_out_rows(table):
   workdir = table / 'held_out'
-  proc = _train(table, workdir, '--config.dataset.validation_folds=0',
-                '--config.dataset.validation_fraction=0.2')
+  proc = _train(table, workdir, '--config.dataset.validation=0.2')
   done = _done(proc)
   assert 'held-out estimate (no eval file)' in done and 'on 60 rows' in done
   result = _json(run('--mode=eval', f'--workdir={workdir}', check=0))
@@ -172,10 +171,10 @@ def test_a_table_too_large_to_cross_fit_holds_out_a_fraction(table):
   proc = _train(table, workdir, '--config.dataset.resident_table_mb=0')
   lines = [l for l in proc.stderr.splitlines() if 'cross-fits' in l]
   assert len(lines) == 1, lines
-  assert 'validating on dataset.validation_fraction=0.2' in lines[0]
+  assert 'validating on dataset.validation=0.2' in lines[0]
   assert 'held-out estimate (no eval file)' in _done(proc)
   saved = json.loads((workdir / 'config.json').read_text())['dataset']
-  assert (saved['validation_folds'], saved['validation_fraction']) == (0, 0.2)
+  assert saved['validation'] == 0.2
   # Resumed with the same command, it decides the same and goes on.
   again = _train(table, workdir, '--config.dataset.resident_table_mb=0',
                  f'--config.num_train_steps={STEPS + 10}')
@@ -183,16 +182,15 @@ def test_a_table_too_large_to_cross_fit_holds_out_a_fraction(table):
   assert 'cross-fits' in again.stderr  # the same warning, the same choice
   assert max(r['step'] for r in _records(workdir)) == STEPS + 10
   saved = json.loads((workdir / 'config.json').read_text())['dataset']
-  assert (saved['validation_folds'], saved['validation_fraction']) == (0, 0.2)
+  assert saved['validation'] == 0.2
 
 
 def test_no_eval_file_and_no_validation_is_one_error_line(table):
   workdir = table / 'nothing'
-  proc = _train(table, workdir, '--config.dataset.validation_folds=0',
-                check=2)
+  proc = _train(table, workdir, '--config.dataset.validation=0', check=2)
   assert 'Traceback' not in proc.stderr
   assert proc.stderr.count('error: ') == 1
   last = proc.stderr.strip().splitlines()[-1]
   assert last.startswith('error: dataset.eval_path is empty'), last
-  assert 'dataset.validation_folds=5' in last
+  assert 'set dataset.validation to a number of folds (e.g. 5)' in last
   assert not workdir.exists()

@@ -1,4 +1,5 @@
-"""meshfit.config.with_overrides: dotted keys set as --config.KEY=VALUE sets them."""
+"""meshfit.config.with_overrides: dotted keys, set as --config.KEY=VALUE
+sets them."""
 
 import pathlib
 import sys
@@ -82,3 +83,20 @@ def test_an_unknown_key_names_the_nearest_declared_one():
 def test_a_value_of_another_type_is_a_usage_error(overrides, match):
   with pytest.raises(UsageError, match=match):
     config_lib.with_overrides(default.get_config(), overrides)
+
+
+def test_keys_spelled_the_old_way_are_read_as_now():
+  config = default.get_config()
+  out = config_lib.with_overrides(config, {
+      'dataset.validation_fraction': '0.2', 'dataset.standardize': False})
+  assert (out.dataset.validation, out.dataset.numeric_scaling) == (0.2,
+                                                                   'none')
+  out = config_lib.with_overrides(config, {'dataset.validation_folds': 5})
+  assert out.dataset.validation == 5
+  # The command line cannot take them (its config is locked): it says how.
+  assert config_lib.unknown_key_message(
+      'dataset.validation_folds', '--config.dataset.validation_folds=5') == (
+          "config key 'dataset.validation_folds' in "
+          '--config.dataset.validation_folds=5: dataset.validation_folds is '
+          'spelled the old way: write dataset.validation (the same number of '
+          'folds)')

@@ -125,7 +125,7 @@ def test_members_take_the_fit_of_the_rows_they_train_on():
   raw.model.hidden_sizes = (8,)
   raw.model.ensemble_size = 6
   raw.model.ridge_blend = True
-  raw.dataset.validation_folds = folds
+  raw.dataset.validation = folds
   config = config_lib.parse(raw)
   setup = make_setup(config, layout, 1)
   state = state_lib.create_train_state(setup.arch, setup.tx, setup.mesh, 0,
@@ -193,7 +193,7 @@ def test_training_moves_the_network_alike_and_the_ridge_part_never(
     small_config, tmp_path):
   from meshfit.report import writers
   from meshfit.train import loop  # noqa: PLC0415
-  small_config.dataset.validation_fraction = 0.2
+  small_config.dataset.validation = 0.2
   small_config.optimizer.name = 'adamw'
   small_config.optimizer.weight_decay = 0.1
   small_config.plots = False

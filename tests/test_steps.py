@@ -119,8 +119,7 @@ def test_one_step_per_call_matches_the_single_step(one_device_run):
                        splits.train.y_NxT),
       optim.Hyperparameters.of(config_lib.parse(config)))
   step_fn = jit_train_step(setup.graphdef, setup.arch.layout,
-                                 setup.member_tx, setup.shardings, mesh,
-                                 config.log_every_steps)
+                                 setup.member_tx, setup.shardings, mesh)
   feed = feeding.TrainFeed(
       splits.train, batch_size=config.batch_size,
       seed=config.seed, mesh=mesh, steps_per_call=1, resident=False)

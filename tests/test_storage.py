@@ -208,6 +208,43 @@ def test_move_directory_tree(root):
   assert storage.read_bytes(storage.join(root, 'y')) == b'new'
 
 
+def test_list_files_walks_the_tree(root):
+  for rel in ('b', 'a/c', 'a/d/e'):
+    _write(storage.join(root, 'tree', *rel.split('/')), b'x')
+  assert storage.list_files(storage.join(root, 'tree')) == ['a/c', 'a/d/e',
+                                                            'b']
+  assert storage.list_files(storage.join(root, 'none')) == []
+
+
+def test_rename_publishes_a_directory_but_never_over_files(root):
+  src, dst = storage.join(root, '.out.tmp'), storage.join(root, 'out')
+  _write(storage.join(src, 'sub', 'a'), b'1')
+  storage.makedirs(dst)  # an empty directory is replaced (locally)
+  storage.rename(src, dst)
+  assert not storage.exists(src)
+  assert storage.read_bytes(storage.join(dst, 'sub', 'a')) == b'1'
+  _write(storage.join(src, 'b'), b'2')
+  with pytest.raises(OSError):  # `out` has a file in it now
+    storage.rename(src, dst)
+  assert storage.list_files(dst) == ['sub/a']
+  assert storage.read_bytes(storage.join(src, 'b')) == b'2'
+
+
+def test_copytree_copies_the_file_named_last_after_the_others(
+    tmp_path, monkeypatch):
+  for rel in ('a.json', 'model.json', 'z/b'):
+    (tmp_path / 'src' / rel).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / 'src' / rel).write_bytes(b'x')
+  copied = []
+  copy = storage.files._copy_file
+  monkeypatch.setattr(storage.files, '_copy_file',
+                      lambda a, b: (copied.append(b), copy(a, b)))
+  storage.copytree(str(tmp_path / 'src'), str(tmp_path / 'dst'),
+                   last='model.json')
+  assert [os.path.relpath(c, tmp_path / 'dst') for c in copied] == [
+      'a.json', os.path.join('z', 'b'), 'model.json']
+
+
 def test_copytree_between_local_and_gcs(tmp_path, gcs_dir):
   local = tmp_path / 'export'
   (local / 'variables').mkdir(parents=True)

@@ -59,8 +59,7 @@ def _config(table_files, data_dir: str, **changes):
   config.dataset.target_columns = ('y',)
   config.dataset.data_dir = data_dir
   # A streamed table validates on a fraction (folds need it in memory).
-  config.dataset.validation_folds = 0
-  config.dataset.validation_fraction = 0.2
+  config.dataset.validation = 0.2
   config.model.ensemble_size = 2
   config.model.hidden_sizes = (32, 32)
   config.batch_size = 64

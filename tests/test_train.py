@@ -173,9 +173,10 @@ def test_finished_run_does_no_more_steps(small_config, tmp_path):
     ('num_train_steps', -5, 'num_train_steps=-5 must be a positive'),
     ('log_every_steps', -1, 'log_every_steps=-1'),
     ('train_epochs', 0.0, 'train_epochs=0.0 must be a positive number'),
-    ('dataset.validation_folds', 1, 'validation_folds=1 must be 0'),
-    ('dataset.validation_folds', 3, 'ensemble_size=1 is not a multiple of '
-     'dataset.validation_folds=3'),
+    ('dataset.validation', 1, 'dataset.validation=1.0 must be 0'),
+    ('dataset.validation', 2.5, 'dataset.validation=2.5 must be 0'),
+    ('dataset.validation', 3, 'ensemble_size=1 is not a multiple of the 3 '
+     'folds'),
     ('max_checkpoints_to_keep', 0, 'max_checkpoints_to_keep=0'),
     ('model.hidden_sizes', (32, 0), r'model.hidden_sizes=\(32, 0\)'),
     ('model.activation', 'swish7', "model.activation 'swish7' is unknown"),
@@ -363,14 +364,10 @@ def test_piecewise_linear_inputs_train_and_evaluate(small_config, tmp_path):
   assert final['step'] == 60 and np.isfinite(final['rmse'])
 
 
-def test_folds_and_a_validation_fraction_are_one_or_the_other(small_config,
-                                                              tmp_path):
-  small_config.dataset.validation_folds = 2
-  small_config.dataset.validation_fraction = 0.2
+def test_a_sweep_trains_each_combination_on_every_fold(small_config,
+                                                       tmp_path):
+  small_config.dataset.validation = 2
   small_config.model.ensemble_size = 2
-  with pytest.raises(UsageError, match='choose one: set the other to 0'):
-    loop.train_and_evaluate(small_config, str(tmp_path / 'w'))
-  small_config.dataset.validation_fraction = 0.0
   small_config.sweep.learning_rates = (1e-3, 1e-2)
   with pytest.raises(UsageError, match='multiple of the sweep.s 2 '
                      'combinations times the 2 folds; use a multiple of 4'):

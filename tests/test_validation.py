@@ -114,7 +114,7 @@ def test_folds_need_the_table_in_memory(tmp_path):
     nbytes = 3 * 2**30
     num_examples = 10**8
   with pytest.raises(DataError, match='needs the table in memory.*'
-                     'validation_fraction=0.01'):
+                     'dataset.validation=0.01'):
     splits_lib.cross_fit(splits_lib.Splits(OnDisk(), None), 5, seed=0,
                    resident_table_mb=1024)
 
@@ -150,10 +150,11 @@ def test_a_table_too_large_to_cross_fit_holds_out_a_fraction_instead(
   assert splits.validation.num_examples == 60 and splits.member_rows == 240
   [line] = [r.getMessage() for r in absl_caplog.records
             if 'streamed from disk' in r.getMessage()]
-  assert 'validating on dataset.validation_fraction=0.2' in line, line
+  assert 'validating on dataset.validation=0.2' in line, line
   resolved = splits_lib.with_validation(streamed, splits)
   assert resolved.dataset.validation_folds == 0
   assert resolved.dataset.validation_fraction == 0.2
+  assert resolved.to_dict()['dataset']['validation'] == 0.2
   config_lib.parse(resolved.to_dict())  # what config.json holds is valid
   # A resumed run, given the resolved config, holds out the same rows.
   again = splits_lib.load_splits(resolved.dataset, seed=0)

@@ -22,6 +22,7 @@ from meshfit import config as config_lib
 from meshfit.api import console, runs, settings
 from meshfit.checkpoints import reading
 from meshfit.config import json_files
+from meshfit.data import splits as splits_lib
 from meshfit.errors import UsageError
 from meshfit.model.setup import Setup
 from meshfit.model.state import TrainState
@@ -156,11 +157,22 @@ class Model:
     with console.shown(min(self._verbose, 1)):
       frame = settings.frame_of(data, SOURCE)
       x_NxF = predict_lib.encode(self._plan, frame, _name(data), SOURCE)
-      setup, state = self._restore()
-      outputs = predict_lib.predict_rows(setup, state, x_NxF,
-                                         self._run_config.eval_batch_size,
-                                         interval)
+      outputs = self._outputs(x_NxF, interval)
     return predict_lib.predictions_frame(outputs, self._plan.targets)
+
+  def _outputs(self, x_NxF: np.ndarray, interval: float | None = None
+               ) -> dict[str, np.ndarray]:
+    setup, state = self._restore()
+    return predict_lib.predict_rows(setup, state, x_NxF,
+                                    self._run_config.eval_batch_size, interval)
+
+  def _predictions_of(self, x_NxF: np.ndarray) -> np.ndarray:
+    return self._outputs(x_NxF)['pred']
+
+  def _predictions(self, frame: pd.DataFrame, name: str) -> np.ndarray:
+    with console.shown(min(self._verbose, 1)):
+      return self._predictions_of(
+          predict_lib.encode(self._plan, frame, name, SOURCE))
 
   def evaluate(self, data: settings.Data | None = None) -> dict[str, Any]:
     """Scores the model on `data`, as --mode=eval does, and keeps the
@@ -229,16 +241,24 @@ class Model:
     """
     from matplotlib.figure import Figure  # noqa: PLC0415
     _show_figures_inline()
-    if data is None:
-      data = (self._saved_config.dataset.eval_path or
-              self._saved_config.dataset.train_path)
-      which = ('eval file' if self._saved_config.dataset.eval_path else
-               'training file (the rows the members trained on)')
-    else:
+    dataset = self._run_config.dataset
+    if data is not None:
       which = _name(data)
-    frame = settings.frame_of(data, SOURCE)
-    y_NxT = self._plan.targets_of(frame, _name(data), SOURCE)
-    pred_NxT = self.predict(frame).to_numpy()[:, :len(self.targets)]
+      frame = settings.frame_of(data, SOURCE)
+      y_NxT = self._plan.targets_of(frame, which, SOURCE)
+      pred_NxT = self._predictions(frame, which)
+    elif splits_lib.has_eval_split(dataset):
+      which = 'eval split'
+      with console.shown(min(self._verbose, 1)):
+        table = splits_lib.load_eval_split(dataset, self._plan)
+      y_NxT = table.y_NxT
+      pred_NxT = self._predictions_of(table.x_NxF)
+    else:
+      which = 'training file (the rows the members trained on)'
+      frame = settings.frame_of(dataset.train_path, 'dataset.train_path')
+      y_NxT = self._plan.targets_of(frame, dataset.train_path,
+                                    'dataset.train_path')
+      pred_NxT = self._predictions(frame, dataset.train_path)
     history = self.history
     targets = self.targets
     fig = Figure(figsize=(5 * (1 + len(targets)), 4), layout='constrained')

@@ -43,7 +43,7 @@ def estimate(step: int, result: dict, folds: int) -> dict:
   else:
     split, note = HELD_OUT, (
         f'estimated on the {n} training rows held out of training '
-        '(dataset.validation_fraction), not on an eval file')
+        '(a fraction in dataset.validation), not on an eval file')
   return {'step': step, 'split': split, 'note': note, **result}
 
 

@@ -1,7 +1,8 @@
 """The config saved with a run: config.json, eval overrides, resume checks.
 
-This is the one module that imports `configs/`: a workdir saved before a key
-existed takes that key's default from configs/default.py.
+A workdir saved before a key existed takes that key's default from
+configs/default.py, and one saved with keys spelled the old way is read as
+now (`spellings`).
 """
 
 import json
@@ -12,27 +13,19 @@ import ml_collections
 
 import storage
 from configs import default
-from meshfit.config import Config
+from configs.settings import EVAL, RESUME
+from meshfit.config import Config, spellings
 from meshfit.errors import UsageError
 from meshfit.parallel import sharding
 
 # Keys that --mode=eval and --mode=predict may take from the command line:
 # they change how a saved model is evaluated, not what it is.
-EVAL_KEYS = ('eval_batch_size', 'dataset.eval_split', 'dataset.data_dir',
-             'dataset.eval_path', 'dataset.prefetch_batches', 'mesh.members',
-             'mesh.data', 'mesh.model', 'compilation_cache_dir', 'plots')
+EVAL_KEYS = tuple(s.key for s in default.SETTINGS if s.changes == EVAL)
 
 # Keys a resumed run may change: they decide how long and how observably it
-# runs and where, not what the checkpointed state means. (num_train_steps
-# also stretches or shrinks the warmup_cosine schedule from that step on.)
-# The training file may move: every checkpoint records its content, which
-# must be the same.
-RESUME_SAFE_KEYS = EVAL_KEYS + (
-    'dataset.train_path', 'num_train_steps', 'train_epochs',
-    'log_every_steps',
-    'eval_every_steps', 'eval_during_training', 'checkpoint_every_steps', 'checkpoint_every_seconds',
-    'max_checkpoints_to_keep', 'steps_per_call',
-    'dataset.resident_table_mb', 'profile_start_step', 'profile_num_steps')
+# runs and where, not what the checkpointed state means.
+RESUME_SAFE_KEYS = EVAL_KEYS + tuple(s.key for s in default.SETTINGS
+                                     if s.changes == RESUME)
 
 # Keys meshfit no longer has, each with the value that meant what meshfit
 # now does without it: a checkpoint trained with another value holds a model
@@ -40,16 +33,15 @@ RESUME_SAFE_KEYS = EVAL_KEYS + (
 REMOVED_KEYS = {'model.linear_head': False}
 
 
-def flatten(config: Mapping[str, Any] | ml_collections.ConfigDict,
-            prefix: str = '') -> dict[str, Any]:
-  """{'mesh.model': 1, ...}: every leaf under its dotted key."""
-  out = {}
-  for key, value in config.items():
-    if isinstance(value, (Mapping, ml_collections.ConfigDict)):
-      out.update(flatten(value, f'{prefix}{key}.'))
-    else:
-      out[f'{prefix}{key}'] = value
-  return out
+flatten = spellings.flatten
+
+
+def _translated(saved: Mapping[str, Any]) -> dict[str, Any]:
+  """A saved config (plain, nested) with its old keys read as now's."""
+  flat = flatten(saved)
+  if not spellings.has_old_keys(flat):
+    return dict(saved)
+  return spellings.unflatten(spellings.translate(flat)[0])
 
 
 def _tuples(value):
@@ -83,15 +75,14 @@ def load_json(path: str) -> ml_collections.ConfigDict:
   """Reads a config written by `save_json`.
 
   Keys added to configs/default.py since the run was saved take their
-  default values, so a workdir from an older meshfit still evaluates.
+  default values, and keys spelled the old way are read as now's
+  (`spellings`), so a workdir from an older meshfit still evaluates.
 
   Raises:
     UsageError: the file is missing or not JSON.
   """
   try:
-    return ml_collections.ConfigDict(_with_defaults(
-        _tuples(json.loads(storage.read_text(path))),
-        default.get_config().to_dict()))
+    saved = _tuples(json.loads(storage.read_text(path)))
   except (FileNotFoundError, NotADirectoryError):
     raise UsageError(f'{path} does not exist: this workdir holds no run; '
                      'train one first (python train.py --workdir=...)'
@@ -99,6 +90,8 @@ def load_json(path: str) -> ml_collections.ConfigDict:
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise UsageError(f'{path} is not valid JSON ({e}); restore it or train '
                      'into a new workdir') from None
+  return ml_collections.ConfigDict(_with_defaults(
+      _translated(saved), default.get_config().to_dict()))
 
 
 def merge_eval_overrides(saved: ml_collections.ConfigDict,
@@ -118,7 +111,9 @@ def merge_eval_overrides(saved: ml_collections.ConfigDict,
   Raises:
     UsageError: a key that changes the model or data would be overridden.
   """
-  saved_flat, given_flat = flatten(saved), flatten(given)
+  saved_flat = flatten(saved)
+  given_flat, _ = spellings.translate(flatten(given))
+  keys = {spellings.new_key(k) for k in keys}
   changed = sorted(k for k in keys
                    if k in given_flat and given_flat[k] != saved_flat.get(k))
   bad = [k for k in changed if k not in EVAL_KEYS]
@@ -180,7 +175,7 @@ def check_known_keys(trained: Mapping[str, Any], step: int, directory: str
     UsageError: naming every such key and its value.
   """
   known = flatten(default.get_config().to_dict())
-  saved = flatten(_tuples(dict(trained)))
+  saved = flatten(_translated(_tuples(dict(trained))))
   unknown = sorted(k for k in saved.keys() - known.keys()
                    if k not in REMOVED_KEYS or saved[k] != REMOVED_KEYS[k])
   if unknown:
@@ -207,7 +202,7 @@ def check_resume_compatible(trained: Mapping[str, Any], config: Config,
   # A checkpoint older than a key was trained as its default is now (keys
   # join configs/default.py with the value that does what meshfit did
   # before them): a run that sets another value is another model.
-  before = flatten(_with_defaults(_tuples(dict(trained)),
+  before = flatten(_with_defaults(_translated(_tuples(dict(trained))),
                                   default.get_config().to_dict()))
   differing = sorted(k for k in before.keys() & now.keys()
                      if before[k] != now[k] and k not in RESUME_SAFE_KEYS)

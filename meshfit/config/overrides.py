@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
-from absl import flags
+from absl import flags, logging
 from ml_collections.config_flags import config_path, tuple_parser
 
 from configs import default
+from meshfit.config import spellings
 from meshfit.errors import UsageError
 
 # How a string becomes a value of each field type: the parsers
@@ -42,9 +43,9 @@ def unknown_key_message(key: str, given: str) -> str | None:
   """What is wrong with a key configs/default.py does not declare.
 
   Args:
-    key: a dotted config key, e.g. 'model.hiden_sizes'.
+    key: a dotted config key.
     given: how the user wrote it, for the message (e.g. the command line's
-      `--config.model.hiden_sizes=3`).
+      `--config.KEY=VALUE`).
 
   Returns:
     None if the key is declared, else the message, naming the nearest
@@ -53,10 +54,29 @@ def unknown_key_message(key: str, given: str) -> str | None:
   known = declared_keys()
   if key in known:
     return None
+  if key in spellings.RENAMED:
+    return f'config key {key!r} in {given}: {spellings.how_to_write(key)}'
   close = difflib.get_close_matches(key, known, n=1)
   hint = f'did you mean {close[0]!r}? ' if close else ''
   return (f'unknown config key {key!r} in {given}; {hint}'
           'configs/default.py declares every key')
+
+
+def _new_spellings(overrides: Mapping[str, Any]) -> dict[str, Any]:
+  """`overrides` with keys spelled the old way read as now's (a warning
+  says how to write them)."""
+  old = {k: v for k, v in overrides.items() if k in spellings.RENAMED}
+  if not old:
+    return dict(overrides)
+  for key, value in old.items():
+    logging.warning('config: %s', spellings.how_to_write(key))
+    if isinstance(value, str):
+      try:
+        old[key] = _PARSERS[spellings.old_type(key)].parse(value)
+      except ValueError as e:
+        raise UsageError(f'{key}={value!r}: {e}') from None
+  new, _ = spellings.translate(old)
+  return {**{k: v for k, v in overrides.items() if k not in old}, **new}
 
 
 def with_overrides(config: ml_collections.ConfigDict,
@@ -67,7 +87,8 @@ def with_overrides(config: ml_collections.ConfigDict,
   number, bool or tuple key is parsed as the command line parses it
   ('(64, 64)', '3e-3', 'false'); other values must have the key's type
   (an int may stand for a float, a list for a tuple). Whether a value is
-  allowed is `parse`'s to say, as it is for the command line.
+  allowed is `parse`'s to say, as it is for the command line. A key spelled
+  the old way (`spellings`) is read as now's, with a warning.
 
   Args:
     config: the config to start from (it is not changed).
@@ -81,7 +102,7 @@ def with_overrides(config: ml_collections.ConfigDict,
       setting, or its value cannot be of the key's type.
   """
   out = ml_collections.ConfigDict(config.to_dict())
-  for key, value in overrides.items():
+  for key, value in _new_spellings(overrides).items():
     given = f'{key}={value!r}'
     if (message := unknown_key_message(key, given)) is not None:
       raise UsageError(message)

@@ -1,110 +1,97 @@
-"""The run config's types: one frozen dataclass per section of
-configs/default.py, built from a ConfigDict or a config.json read back.
+"""The run config's types: one frozen dataclass per section, made from the
+declarations of configs/default.py and built from a ConfigDict or a
+config.json read back.
 
-The dataclasses declare no defaults: configs/default.py holds every key's
-default, once (tests/test_config.py fails if a dataclass grows one).
+A section's fields are its declared keys, with their declared types and no
+defaults (the declaration holds the default, once): read configs/default.py
+for what they are. The model section is models/mlp.py's `MlpConfig`, which
+models define for themselves (a model knows nothing of configs);
+tests/test_config.py holds its fields to the declarations.
 """
 
 import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from configs import default
+from configs.settings import Setting
 from meshfit.errors import UsageError
 from models.mlp import MlpConfig
 
-
-@dataclasses.dataclass(frozen=True)
-class DatasetConfig:
-  """config.dataset: which data, and how it is read (configs/default.py)."""
-  name: str
-  data_dir: str
-  train_path: str
-  eval_path: str
-  target_columns: tuple[str, ...]
-  feature_columns: tuple[str, ...]
-  categorical_columns: tuple[str, ...]
-  category_min_count: int
-  train_split: str
-  eval_split: str
-  standardize: bool
-  numeric_scaling: str
-  validation_fraction: float
-  validation_folds: int
-  prefetch_batches: int
-  resident_table_mb: int
+SETTINGS: dict[str, Setting] = {s.key: s for s in default.SETTINGS}
 
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-  """config.optimizer: optax optimizer and learning-rate schedule."""
-  name: str
-  learning_rate: float
-  schedule: str
-  warmup_steps: int
-  end_learning_rate_factor: float
-  cosine_cycles: int
-  weight_decay: float
-  momentum: float
-  grad_clip_norm: float
+def _fields(section: str) -> list[tuple[str, Any]]:
+  return [(s.name, s.type) for s in default.SETTINGS if s.section == section]
 
 
-@dataclasses.dataclass(frozen=True)
-class SweepConfig:
-  """config.sweep: per-member hyperparameters and how members are chosen."""
-  learning_rates: tuple[float, ...]
-  weight_decays: tuple[float, ...]
-  dropout_rates: tuple[float, ...]
-  select: str
+def _section(name: str, section: str, doc: str, **namespace: Any) -> type:
+  cls = dataclasses.make_dataclass(name, _fields(section), frozen=True,
+                                   namespace=namespace)
+  cls.__module__, cls.__doc__ = __name__, doc  # for pickle and readers
+  return cls
 
 
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-  """config.mesh: the (members, data, model) device mesh; -1 takes what is
-  left (data or model)."""
-  members: int
-  data: int
-  model: int
+def _validation_folds(self) -> int:
+  """k of k-fold cross-fitting (`validation` >= 2), else 0."""
+  return int(self.validation) if self.validation >= 1 else 0
 
 
-@dataclasses.dataclass(frozen=True)
-class Config:
-  """The whole run config; each key is declared in configs/default.py."""
-  seed: int
-  dataset: DatasetConfig
-  model: MlpConfig
-  optimizer: OptimizerConfig
-  batch_size: int
-  eval_batch_size: int
-  num_train_steps: int
-  train_epochs: float
-  steps_per_call: int
-  log_every_steps: int
-  eval_every_steps: int
-  checkpoint_every_steps: int
-  checkpoint_every_seconds: float
-  max_checkpoints_to_keep: int
-  early_stopping_evals: int
-  sweep: SweepConfig
-  mesh: MeshConfig
-  compilation_cache_dir: str
-  plots: bool
-  eval_during_training: bool
-  profile_start_step: int
-  profile_num_steps: int
+def _validation_fraction(self) -> float:
+  """The fraction of the training rows held out (`validation` in (0, 1)),
+  else 0."""
+  return float(self.validation) if 0 < self.validation < 1 else 0.0
 
-  def to_dict(self) -> dict[str, Any]:
-    """The config as nested plain values (as config.json holds it)."""
-    return dataclasses.asdict(self)
 
+def _standardize(self) -> bool:
+  """Whether numbers and targets are scaled (`numeric_scaling` not
+  'none')."""
+  return self.numeric_scaling != 'none'
+
+
+DatasetConfig = _section(
+    'DatasetConfig', 'dataset',
+    'config.dataset: which data, and how it is read.',
+    validation_folds=property(_validation_folds),
+    validation_fraction=property(_validation_fraction),
+    standardize=property(_standardize))
+OptimizerConfig = _section(
+    'OptimizerConfig', 'optimizer',
+    'config.optimizer: optax optimizer and learning-rate schedule.')
+SweepConfig = _section(
+    'SweepConfig', 'sweep',
+    'config.sweep: per-member hyperparameters and how members are chosen.')
+MeshConfig = _section(
+    'MeshConfig', 'mesh',
+    'config.mesh: the (members, data, model) device mesh; -1 takes what is '
+    'left (data or model).')
 
 _SECTIONS = {'dataset': DatasetConfig, 'model': MlpConfig,
              'optimizer': OptimizerConfig, 'sweep': SweepConfig,
              'mesh': MeshConfig}
-# Sequences arrive as lists from JSON; the config holds tuples.
-_TUPLES = ('dataset.target_columns', 'dataset.feature_columns',
-           'dataset.categorical_columns', 'model.hidden_sizes',
-           'sweep.learning_rates', 'sweep.weight_decays',
-           'sweep.dropout_rates')
+
+
+def _config_fields() -> list[tuple[str, Any]]:
+  """The top-level keys and the sections, in declaration order."""
+  fields, seen = [], set()
+  for setting in default.SETTINGS:
+    name = setting.section.split('.')[0] or setting.name
+    if name not in seen:
+      seen.add(name)
+      fields.append((name, _SECTIONS[name] if setting.section
+                     else setting.type))
+  return fields
+
+
+def _to_dict(self) -> dict[str, Any]:
+  """The config as nested plain values (as config.json holds it)."""
+  return dataclasses.asdict(self)
+
+
+Config = dataclasses.make_dataclass('Config', _config_fields(), frozen=True,
+                                    namespace={'to_dict': _to_dict})
+Config.__module__ = __name__
+Config.__doc__ = 'The whole run config; configs/default.py declares each key.'
 
 
 def build(cls, raw: Mapping[str, Any], prefix: str = ''):
@@ -118,7 +105,7 @@ def build(cls, raw: Mapping[str, Any], prefix: str = ''):
     value = raw[field.name]
     if not prefix and field.name in _SECTIONS:
       value = build(_SECTIONS[field.name], value, f'{field.name}.')
-    elif key in _TUPLES and isinstance(value, (list, tuple)):
+    elif SETTINGS[key].is_tuple and isinstance(value, (list, tuple)):
       value = tuple(value)
     values[field.name] = value
   return cls(**values)

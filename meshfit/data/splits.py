@@ -53,7 +53,7 @@ class Splits:
       it, and a run resumes only on the same data.
     train_blocks: the blocks of `train` trained on (those not held out);
       None: all of it.
-    folds: cross-fitting (`dataset.validation_folds`): the training rows
+    folds: cross-fitting (`dataset.validation` folds): the training rows
       dealt into folds (a block per row); member m trains on every fold but
       fold m % F. `validation` is then the whole training table,
       `validation_fold_N` the fold of each of its rows and `train_blocks`
@@ -150,9 +150,9 @@ def load_splits(dataset: DatasetConfig, seed: int) -> Splits:
 
   A training table up to `dataset.resident_table_mb` is read into memory; a
   larger one stays on disk, read in blocks by the training feed. With
-  `dataset.validation_fraction`, that fraction of the training table's
+  a fraction `dataset.validation`, that fraction of the training table's
   blocks, drawn from `seed` (the same rows every run), is held out for
-  validation and read into memory. `dataset.validation_folds` cross-fits a
+  validation and read into memory. A number of folds cross-fits a
   table in memory; a streamed one cannot be (every row is validated), and
   a fraction of it (`streamed_fraction`) is held out instead, with a
   warning: `with_validation` gives the config that says so.
@@ -177,10 +177,10 @@ def load_splits(dataset: DatasetConfig, seed: int) -> Splits:
                        dataset.resident_table_mb)
     fraction = streamed_fraction(train.num_examples)
     logging.warning(
-        'dataset.validation_folds=%d cross-fits every training row in '
+        'dataset.validation=%d cross-fits every training row in '
         'memory, but the training table (%d rows, %.3g MiB) is over '
         'dataset.resident_table_mb=%d and streamed from disk: validating on '
-        'dataset.validation_fraction=%g of it instead (about %d rows held '
+        'dataset.validation=%g of it instead (about %d rows held '
         'out; the rule: %d rows, at most %g of the table), as config.json '
         'records. To cross-fit, raise dataset.resident_table_mb above its '
         'size in a new workdir.', dataset.validation_folds,
@@ -213,8 +213,7 @@ def with_validation(config: Config, splits: Splits) -> Config:
       splits.held_out_fraction):
     return config
   return dataclasses.replace(config, dataset=dataclasses.replace(
-      dataset, validation_folds=0,
-      validation_fraction=splits.held_out_fraction))
+      dataset, validation=splits.held_out_fraction))
 
 
 def cross_fit(splits: Splits, folds: int, seed: int,
@@ -229,11 +228,11 @@ def cross_fit(splits: Splits, folds: int, seed: int,
   train = splits.train
   if not isinstance(train, Table):
     raise DataError(
-        f'dataset.validation_folds={folds} validates on every training row, '
+        f'dataset.validation={folds} folds validate on every training row, '
         f'which needs the table in memory, but it is {train.nbytes / 2**20:.0f}'
         f' MiB, over dataset.resident_table_mb={resident_table_mb}; validate '
-        'on a fraction of it instead (dataset.validation_folds=0, '
-        'dataset.validation_fraction=0.01) or raise the limit')
+        'on a fraction of it instead (dataset.validation=0.01) or raise the '
+        'limit')
   # Rows, not blocks of consecutive rows, are dealt: the table is in memory,
   # and a file sorted by time or group would otherwise hold out whole runs
   # of neighbouring rows, a validation that depends on the file's order and
@@ -244,7 +243,7 @@ def cross_fit(splits: Splits, folds: int, seed: int,
   if dealt is None:
     raise DataError(f'the training split has {train.num_examples} rows: too '
                     f'few to deal into {folds} folds; give more rows or set '
-                    'dataset.validation_folds=0')
+                    'dataset.validation=0')
   fold_N = np.empty(train.num_examples, np.int32)
   for f, blocks in enumerate(dealt):
     fold_N[blocks.rows()] = f
@@ -267,7 +266,7 @@ def hold_out(table: Table | Store, fraction: float, seed: int
   if chosen is None:
     raise DataError(f'the training split has {n} rows: too few to hold out '
                     f'{fraction:g} of them for validation and train on the '
-                    'rest; give more rows or set dataset.validation_fraction=0')
+                    'rest; give more rows or set dataset.validation=0')
   rest, held = chosen
   return rest, rows_of(table, held)
 

@@ -2,9 +2,9 @@
 
 A fresh run with `model.ridge_blend` fits, before its first step, one ridge
 regression per set of training rows its members have: with cross-fitting
-(`dataset.validation_folds` = F) one per fold, on every other fold, and
+(`dataset.validation` = F folds) one per fold, on every other fold, and
 member m takes the one that left out its own fold m % F; with held-out rows
-(`dataset.validation_fraction`) one, on the rows the members train on. The
+(a fraction in `dataset.validation`) one, on the rows the members train on. The
 inputs are what the ridge part reads (the numbers as the network gets them,
 flags, categories one-hot) and the targets are standardised, so the fit is
 that of the model's own units.

@@ -15,7 +15,7 @@ targets: the mean squared error of the ensemble's mean, or, for a model that
 predicts a distribution, the mixture's negative log-likelihood. Computed on
 the host in float64 from every member's predictions.
 
-Cross-fitted members (`dataset.validation_folds` = F: member m held out
+Cross-fitted members (`dataset.validation` = F folds: member m held out
 fold m % F) are chosen a *bag* at a time: bag b is members bF .. bF+F-1, one
 per fold, and each validation row is scored by the member of the bag that
 held it out (out of fold). A bag's weight is shared by its F members.

@@ -3,11 +3,11 @@
 `train_step` is one optimizer step of every member of the ensemble (vmapped
 over the state's member dimension); `train_call` runs many of them in one
 jitted call, the way training runs (eval and predict: forward.py). The
-model is rebuilt
-from (graphdef, params) inside the traced function, so NNX's graph traversal
-happens once at trace time, never per call (`nnx.jit` runs a small MLP's
-step several times slower than `jax.jit` over the split state:
-docs/performance.md).
+model is rebuilt from (graphdef, params) inside the traced function, so
+NNX's graph traversal happens once at trace time, never per call
+(`nnx.jit` runs a small MLP's step several times slower than `jax.jit`
+over the split state: docs/performance.md). The steps' inputs are encoded
+by `encode` (jitted for a resident table and for streamed chunks).
 """
 
 import functools
@@ -76,29 +76,24 @@ def train_step(state: TrainState, batch_z: Batch, *,
                graphdef: nnx.GraphDef,
                member_tx: Callable[[Hyperparameters],
                                    optax.GradientTransformation],
-               log_every_steps: int, params_partitioned: bool = True,
-               dropout: bool = False, update_metrics: bool = True
+               params_partitioned: bool = True, dropout: bool = False
                ) -> tuple[TrainState, jax.Array, jax.Array]:
   """One optimizer step of every member on its own batch.
 
   The members are vmapped: each has its own parameters, optimizer state,
   hyperparameters (`member_tx` builds its optimizer from them) and dropout
   key, and trains on its own batch of standardised targets; nothing passes
-  between them. Train metrics (the mean over members whose loss is finite)
-  accumulate in the state; they restart with the first step of each logging
-  window (steps after a multiple of `log_every_steps`).
+  between them. The state's train metrics are left as they are: `train_call`
+  adds its steps' losses to them once per call (`_merge_steps`).
 
   Args:
     state: the train state.
     batch_z: each member's batch as `encode` returns it (M x B x ...).
     graphdef: one member's structure.
     member_tx: a member's optimizer from its hyperparameters.
-    log_every_steps: the train metrics' window.
     params_partitioned: some parameter may be split over the 'model' axis
       (see `global_norm`).
     dropout: some member has a positive dropout rate (static).
-    update_metrics: accumulate this step into the state's train metrics
-      (`train_call` does it once per call instead: see `_merge_steps`).
 
   Returns:
     The new state, and this step's losses and gradient norms, one per
@@ -133,28 +128,16 @@ def train_step(state: TrainState, batch_z: Batch, *,
   else:
     params, opt_state, loss_M, grad_norm_M = jax.vmap(member)(*members)
 
-  train_metrics = state.train_metrics
-  if update_metrics:
-    train_metrics = _merge_step(train_metrics, state.step, loss_M,
-                                grad_norm_M, log_every_steps)
   return state.replace(step=state.step + 1, params=params,
-                       opt_state=opt_state,
-                       train_metrics=train_metrics), loss_M, grad_norm_M
-
-
-def _merge_step(train_metrics: TrainMetrics, step: jax.Array,
-                loss_M: jax.Array, grad_norm_M: jax.Array,
-                log_every_steps: int) -> TrainMetrics:
-  """The train metrics with the step that starts at `step` added: the
-  members' mean (finite ones), in a window that restarts with each step
-  after a multiple of `log_every_steps`."""
-  return _merge_means(train_metrics, step, _finite_mean(loss_M, loss_M),
-                      _finite_mean(grad_norm_M, loss_M), log_every_steps)
+                       opt_state=opt_state), loss_M, grad_norm_M
 
 
 def _merge_means(train_metrics: TrainMetrics, step: jax.Array,
                  loss: jax.Array, grad_norm: jax.Array,
                  log_every_steps: int) -> TrainMetrics:
+  """The train metrics with the step that starts at `step` added (the
+  members' mean `loss` and `grad_norm`), in a window that restarts with
+  each step after a multiple of `log_every_steps`."""
   step_metrics = TrainMetrics.single_from_model_output(loss=loss,
                                                        grad_norm=grad_norm)
   empty = TrainMetrics.empty()
@@ -221,8 +204,7 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
     batch_z = jax.lax.with_sharding_constraint(batch_z, batch_sharding)
     state, loss_M, grad_norm_M = train_step(
         state, batch_z, graphdef=graphdef, member_tx=member_tx,
-        log_every_steps=log_every_steps, params_partitioned=partitioned,
-        dropout=dropout, update_metrics=False)
+        params_partitioned=partitioned, dropout=dropout)
     return (state, losses_KxM.at[i].set(loss_M),
             norms_KxM.at[i].set(grad_norm_M))
 
@@ -248,10 +230,10 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
 def _merge_steps(train_metrics: TrainMetrics, first_step: jax.Array,
                  losses_KxM: jax.Array, norms_KxM: jax.Array,
                  num_steps: jax.Array, log_every_steps: int) -> TrainMetrics:
-  """The train metrics with a call's steps added, one at a time as
-  `train_step` adds one (the same sums, in the same order), after the
-  call: the members' mean is the one value that crosses the member axis
-  while training, once per call rather than once per step."""
+  """The train metrics with a call's steps added, one step at a time in
+  step order, after the call: the members' mean is the one value that
+  crosses the member axis while training, once per call rather than once
+  per step."""
   loss_K = _finite_mean(losses_KxM, losses_KxM)
   grad_norm_K = _finite_mean(norms_KxM, losses_KxM)
 

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 _F = TypeVar('_F', bound=Callable[..., Any])
 # Per factory: enough for the set-ups a process alternates between.
 MAX_ENTRIES = 32
+# Every memoized factory's cache, for `clear`.
+_CACHES: list[collections.OrderedDict] = []
 
 
 def _key(value: Any) -> Any:
@@ -37,6 +39,7 @@ def memoize(factory: _F) -> _F:
   is never another object's.
   """
   cache: collections.OrderedDict = collections.OrderedDict()
+  _CACHES.append(cache)
   lock = threading.Lock()
 
   @functools.wraps(factory)
@@ -54,5 +57,11 @@ def memoize(factory: _F) -> _F:
         cache.popitem(last=False)
     return result
 
-  wrapper.cache_clear = cache.clear  # type: ignore[attr-defined]
   return wrapper  # type: ignore[return-value]
+
+
+def clear() -> None:
+  """Forgets every program made so far: the next run jits, and compiles
+  (or reads the persistent compilation cache), anew."""
+  for cache in _CACHES:
+    cache.clear()

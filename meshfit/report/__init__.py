@@ -2,5 +2,5 @@
 (writers), the console's progress display (progress) and which log records
 reach it (log_filter), and the figures (plots).
 
-Imports nothing of meshfit but errors and files.
+Imports nothing of meshfit: its files go through storage.
 """

@@ -25,8 +25,6 @@ the SavedModel: training and the other modes never pay for them.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
@@ -114,14 +112,14 @@ def export(config: ml_collections.ConfigDict | Config, workdir: str,
                                         input_names, output_names)
     card = model_card.model_card(config, workdir, step, plan, input_names,
                       output_names, tf_version, scores, missing, check)
-    with open(os.path.join(tmp, MODEL_CARD_FILE), 'w', encoding='utf-8') as f:
+    with storage.open(storage.join(tmp, MODEL_CARD_FILE), 'w') as f:
       json.dump(card, f, indent=2)
       f.write('\n')
-    files = _files_under(tmp)
+    files = storage.list_files(tmp)
     _move_into_place(tmp, output_dir)
   finally:
-    if os.path.isdir(tmp):
-      shutil.rmtree(tmp)
+    if storage.isdir(tmp):
+      storage.rmtree(tmp)
   logging.info('Exported step %d of %s to %s.', step, workdir, output_dir)
   return {'step': step, 'workdir': workdir, 'output': output_dir,
           'files': files, 'check': check}
@@ -243,10 +241,10 @@ def write_artifacts(directory: str, forward: Callable[[jax.Array], jax.Array],
     (TensorFlow's version, `check_artifacts`' differences).
   """
   exported = export_forward(forward, len(plan.input_names))
-  with open(os.path.join(directory, JAX_EXPORT_FILE), 'wb') as f:
+  with storage.open(storage.join(directory, JAX_EXPORT_FILE), 'wb') as f:
     f.write(exported.serialize())
   tf_version = export_tf.write_saved_model(
-      forward, os.path.join(directory, SAVED_MODEL_DIR), plan, input_names,
+      forward, storage.join(directory, SAVED_MODEL_DIR), plan, input_names,
       output_names, PLATFORMS)
   return tf_version, check_artifacts(directory, forward, plan, probe,
                                      input_names, output_names)
@@ -272,9 +270,9 @@ def check_artifacts(directory: str, forward: Callable[[jax.Array], jax.Array],
   """
   x_PxI, _ = plan.encode(probe, 'probe')
   expected_PxT = np.asarray(jax.jit(forward)(x_PxI))
-  with open(os.path.join(directory, JAX_EXPORT_FILE), 'rb') as f:
-    exported = jax.export.deserialize(bytearray(f.read()))
-  saved = os.path.join(directory, SAVED_MODEL_DIR)
+  exported = jax.export.deserialize(bytearray(storage.read_bytes(
+      storage.join(directory, JAX_EXPORT_FILE))))
+  saved = storage.join(directory, SAVED_MODEL_DIR)
   inputs, outputs = export_tf.signature_of(saved)
   if inputs != set(input_names) or outputs != set(output_names):
     raise RuntimeError(
@@ -302,11 +300,12 @@ def _temporary_dir(output_dir: str) -> str:
   local temporary one for a gs:// output."""
   if storage.is_remote(output_dir):
     return tempfile.mkdtemp(prefix='meshfit-export-')
-  output_dir = os.path.abspath(output_dir)
-  parent, name = os.path.split(output_dir)
-  tmp = os.path.join(parent, f'.{name}.{uuid.uuid4().hex[:8]}.tmp')
+  output_dir = storage.absolute(output_dir)
+  parent = storage.dirname(output_dir)
+  tmp = storage.join(
+      parent, f'.{storage.basename(output_dir)}.{uuid.uuid4().hex[:8]}.tmp')
   try:
-    os.makedirs(tmp)
+    storage.makedirs(tmp, exist_ok=False)
   except OSError as e:
     raise UsageError(f'cannot create a directory in {parent!r} for '
                      f'--output: {e.strerror}; name another place') from None
@@ -319,23 +318,12 @@ def _move_into_place(tmp: str, output_dir: str) -> None:
   model.json finds the whole export."""
   if storage.is_remote(output_dir):
     check_output_dir(output_dir)
-    for rel in _files_under(tmp):
-      if rel != MODEL_CARD_FILE:
-        storage.copy_file(os.path.join(tmp, rel),
-                              f'{output_dir.rstrip("/")}/{rel}')
-    storage.copy_file(os.path.join(tmp, MODEL_CARD_FILE),
-                          f'{output_dir.rstrip("/")}/{MODEL_CARD_FILE}')
+    storage.copytree(tmp, output_dir, last=MODEL_CARD_FILE)
     return
   try:
-    # rename(2) replaces an empty directory and refuses a non-empty one,
-    # so a file written there since `check_output_dir` is never lost.
-    os.rename(tmp, output_dir)
+    # A local rename replaces an empty directory and refuses a non-empty
+    # one, so a file written there since `check_output_dir` is never lost.
+    storage.rename(tmp, output_dir)
   except OSError:
     check_output_dir(output_dir)  # says why, when it is the user's doing
     raise
-
-
-def _files_under(directory: str) -> list[str]:
-  """Every file under `directory`, relative to it, sorted."""
-  return sorted(os.path.relpath(os.path.join(root, f), directory)
-                for root, _, files in os.walk(directory) for f in files)

@@ -52,7 +52,7 @@ def check_output_file(output: str, flag: str = '--output') -> None:
                      f'e.g. {storage.join(output, "predictions.csv")}')
   if storage.is_remote(output):
     return  # object storage has no directories to create first
-  directory = os.path.dirname(os.path.abspath(output))
-  if not os.path.isdir(directory):
+  directory = storage.dirname(storage.absolute(output))
+  if not storage.isdir(directory):
     raise UsageError(f'cannot write {output!r}: directory {directory!r} does '
                      'not exist; create it first')

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+import storage
 from meshfit.checkpoints import checkpointer
 from meshfit.model import state as state_lib
 from meshfit.parallel import programs
@@ -151,3 +152,11 @@ class LoopCheckpoints:
     to finish (or fail) on its own: storage out of reach."""
     if self._saver is not None:
       self._saver.close(wait)
+
+  def __enter__(self) -> 'LoopCheckpoints':
+    return self
+
+  def __exit__(self, kind, error, traceback) -> None:
+    # With storage out of reach what is in flight cannot be written: it is
+    # not waited on.
+    self.close(wait=not isinstance(error, storage.StorageError))

@@ -1,14 +1,17 @@
 """The training loop: `train_and_evaluate`.
 
 Data travels one way: config -> mesh -> data -> state -> step ->
-metrics/checkpoints. The loop runs calls of many steps (`call_plan`), reads
+metrics/checkpoints. A run starts from its newest checkpoint or afresh
+(`resume`). The loop runs calls of many steps (`call_plan`), reads
 each call's losses one call behind (`loss_watch`), and at the end of a call
 logs, evaluates (`evaluations`, which validates: `validation`), checkpoints
 (`checkpoint_policy`), profiles or stops for a preemption.
 """
 
+import contextlib
+import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import jax
 import ml_collections
@@ -16,23 +19,19 @@ import numpy as np
 from absl import logging
 
 import storage
-from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.order import block_rows
 from input_pipeline.tables import Table
 from meshfit import config as config_lib
 from meshfit.checkpoints import checkpointer, reading, workdir_lock
 from meshfit.config import json_files, sizing
 from meshfit.config import Config
 from meshfit.data import feeding, splits as splits_lib
-from meshfit.data.features import FeatureStats, InputLayout
-from meshfit.errors import UsageError
-from meshfit.model import (optim, ridge_fit, state as state_lib, steps,
-                           vocabulary_fit)
+from meshfit.data.features import InputLayout
+from meshfit.model import optim, state as state_lib, steps
 from meshfit.model.setup import Setup, make_setup
 from meshfit.parallel import compilation_cache, sharding
 from meshfit.report import plots, progress, writers
 from meshfit.train import (call_plan, checkpoint_policy,
-                           evaluations as evaluations_lib, train_log)
+                           evaluations as evaluations_lib, resume, train_log)
 from meshfit.train.loss_watch import LossWatch, NonFiniteLossError
 from meshfit.train.preemption import Preempted, PreemptionWatch
 from meshfit.train.profiling import ProfileWindow
@@ -92,10 +91,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
       ckpt = checkpointer.Checkpointer(
           workdir, max_to_keep=config.max_checkpoints_to_keep)
       try:
-        state, position, tracker = _restore_or_init(config, setup, ckpt,
-                                                    splits)
-        final = _train(config, workdir, setup, splits, ckpt, preemption,
-                       state, position, tracker, on_call, console)
+        state, position, tracker = resume.restore_or_init(config, setup,
+                                                          ckpt, splits)
+        run = _Run(config, workdir, setup, splits, ckpt, preemption, on_call,
+                   console)
+        final = _train(run, state, position, tracker)
       except storage.StorageError:
         # Storage out of reach: waiting on the saves in flight would only
         # wait out their retries; the committed checkpoints are intact.
@@ -127,219 +127,215 @@ def _size_to_table(config: Config, splits: splits_lib.Splits) -> Config:
   return config
 
 
-def _restore_or_init(config: Config, setup: Setup,
-                     ckpt: checkpointer.Checkpointer, splits: splits_lib.Splits
-                     ) -> tuple[state_lib.TrainState, int, BestTracker]:
-  """The newest intact checkpoint's state, input position and best-step
-  tracker, or a fresh start.
+@dataclasses.dataclass(frozen=True)
+class _Run:
+  """What `train_and_evaluate` sets up for the loop, and the caller's hooks
+  (see its Args)."""
+  config: Config
+  workdir: str
+  setup: Setup
+  splits: splits_lib.Splits
+  ckpt: checkpointer.Checkpointer
+  preemption: PreemptionWatch
+  on_call: CallObserver | None
+  console: progress.Console | None
 
-  Damaged checkpoints are skipped with a warning naming their step and, once
-  a restore succeeded, moved aside (never deleted).
 
-  Raises:
-    UsageError: the newest checkpoint was trained on other data or by an
-      older meshfit, or with an incompatible config (nothing is set aside).
+@dataclasses.dataclass(frozen=True)
+class _Loop:
+  """What the loop's calls use, opened by `_opened`.
+
+  Attributes:
+    first_step: the state's step when the loop starts.
+    last_step: the step the loop stops at (unless early stopping does).
+    calls: the lengths of the calls to come, drawn as they are taken.
+    feed: the training chunks.
+    table_z: the encoded training table on every device (a resident
+      table; else empty).
+    train_call: the jitted call of several steps.
+    schedule: the learning rate at a step, logged (None: members have
+      their own).
   """
-  damaged = []
-  for step in reversed(ckpt.all_steps()):
+  first_step: int
+  last_step: int
+  calls: Iterator[int]
+  feed: feeding.TrainFeed
+  table_z: dict[str, jax.Array]
+  train_call: steps.TrainCall
+  schedule: Callable[[int], jax.Array] | None
+  writer: writers.AsyncWriter
+  watch: LossWatch
+  evaluations: evaluations_lib.Evaluations
+  checkpoints: checkpoint_policy.LoopCheckpoints
+  profile: ProfileWindow
+
+
+def _train(run: _Run, state: state_lib.TrainState, position: int,
+           tracker: BestTracker) -> dict:
+  """Trains `state` from input `position` to the last step, then evaluates
+  the model eval and predict use (`Evaluations.final`)."""
+  with _opened(run, state, position, tracker) as loop:
     try:
-      meta = ckpt.restore_meta(step)
-      _check_resumable(meta, config, splits, ckpt, step)
-      target = state_lib.abstract_state(setup.arch, setup.tx, setup.mesh)
-      state = ckpt.restore_state(step, target)
-    except checkpointer.DamagedCheckpointError as e:
-      logging.warning('Checkpoint of step %d is damaged and is skipped: %s',
-                      step, str(e).splitlines()[0][:300])
-      damaged.append(step)
-      continue
-    ckpt.set_aside(damaged)
-    logging.info('Resuming from the checkpoint of step %d.', step)
-    return (state, int(meta['data_position']),
-            BestTracker.from_json(meta.get('validation'),
-                                  config.early_stopping_evals))
-  ckpt.set_aside(damaged)
-  sample = splits_lib.training_sample(splits)
-  stats = FeatureStats.fit(setup.arch.layout, sample.x_NxF, sample.y_NxT)
-  state = state_lib.create_train_state(setup.arch, setup.tx, setup.mesh,
-                                       config.seed, stats,
-                                       optim.Hyperparameters.of(config))
-  if config.model.ridge_blend:
-    state = ridge_fit.fit_into(state, setup, splits)
-  if mlp.VOCABULARY in state.params:
-    state = vocabulary_fit.fit_into(state, setup, splits,
-                                    config.model.category_member_min_count)
-  return state, 0, BestTracker(config.early_stopping_evals)
+      state, step = _train_calls(run, loop, state)
+      return loop.evaluations.final(state, run.ckpt,
+                                    trained=step > loop.first_step)
+    except NonFiniteLossError as e:
+      # The state of step e.step - 1 produced the bad loss: a checkpoint of
+      # it is not good either. Set it aside (kept, not deleted) so that a
+      # rerun resumes from a state that produced a finite loss.
+      loop.checkpoints.wait()
+      newest = max(run.ckpt.all_steps(), default=None)
+      if newest is not None and newest >= e.step - 1:
+        run.ckpt.set_aside([newest])
+      e.last_good = max((s for s in run.ckpt.all_steps() if s < e.step - 1),
+                        default=None)
+      raise
 
 
-def _plan_change(before: ColumnPlan, now: ColumnPlan) -> str:
-  """The columns whose kind differs between two column plans, or what
-  else does."""
-  kinds = [{c.name: c.kind for c in p.features} for p in (before, now)]
-  changed = [f'{n!r}: {kinds[0].get(n, "absent")} in the checkpoint, '
-             f'{kinds[1].get(n, "absent")} now'
-             for n in sorted(kinds[0].keys() | kinds[1].keys())
-             if kinds[0].get(n) != kinds[1].get(n)]
-  return '; '.join(changed) or 'the same kinds, other values or vocabularies'
+def _train_calls(run: _Run, loop: _Loop, state: state_lib.TrainState
+                 ) -> tuple[state_lib.TrainState, int]:
+  """The calls of several steps, each followed by what its last step asks:
+  a log, an evaluation, a checkpoint, a trace's end, a stop.
+
+  Returns:
+    The state of the last step trained, and that step.
+  """
+  config, watch, checkpoints = run.config, loop.watch, loop.checkpoints
+  if run.preemption.received:
+    raise Preempted(loop.first_step)
+  speed = train_log.StepsPerSecond(loop.first_step)
+  step = loop.first_step
+  for call_index, (n, chunk) in enumerate(loop.feed.chunks(loop.calls)):
+    done, step = step, step + n
+    loop.profile.before(done)
+    with jax.profiler.StepTraceAnnotation('train', step_num=step):
+      state, losses_KxM, train_metrics = loop.train_call(
+          state, loop.table_z, chunk, np.int32(n))
+    watch.add(done + 1, n, losses_KxM)
+    if run.on_call is not None:
+      run.on_call(step, losses_KxM)
+    last = step == loop.last_step
+    if step % config.log_every_steps == 0 or last:
+      watch.once_checked(functools.partial(
+          train_log.log_train, loop.writer, speed, train_metrics,
+          loop.schedule, step))
+    if step % config.eval_every_steps == 0 or last:
+      state = _evaluate(run, loop, step, state)
+      speed.pause()
+      last = last or loop.evaluations.tracker.stopped
+    if last:
+      checkpoints.save_now(step, state)
+    elif checkpoints.due(step):
+      checkpoints.save_periodic(step, state)
+    watch.settle()
+    loop.profile.after(step, watch)
+    # Every host asks after the same calls, numbered alike.
+    if run.preemption.should_stop(call_index):
+      checkpoints.save_now(step, state)
+      checkpoints.wait()
+      loop.writer.flush()
+      raise Preempted(step)
+    if last:
+      break
+  watch.drain()
+  return state, step
 
 
-def _check_resumable(meta: dict, config: Config, splits: splits_lib.Splits,
-                     ckpt: checkpointer.Checkpointer, step: int) -> None:
-  """Refuses a checkpoint of other data, another meshfit or config."""
-  plan, _ = reading.read_model(meta, step, ckpt.directory)
-  json_files.check_resume_compatible(meta['config'], config, step)
-  if meta.get('train_key') != splits.train_key:
-    path = config.dataset.train_path or config.dataset.name
-    raise UsageError(
-        f'the training data {path!r} is not what the checkpoint of step '
-        f'{step} in {ckpt.directory} was trained on (its content changed); '
-        'restore that file to resume, or train into a new --workdir')
-  # A meshfit that reads a cell differently (a money column it left out is
-  # a number now) plans other inputs: the state would not restore, and the
-  # checkpoints would be set aside as damaged.
-  if plan != splits.train.plan:
-    raise UsageError(
-        f'the checkpoint of step {step} in {ckpt.directory} reads the '
-        'training table\'s columns differently from this meshfit ('
-        f'{_plan_change(plan, splits.train.plan)}); finish that run with the '
-        'meshfit that started it, or train into a new --workdir (eval and '
-        'predict read its checkpoints as they are)')
-  # A checkpoint without 'fold_rows' dealt the order's blocks into folds:
-  # those of a table under 2,048 rows are single rows, the same folds.
-  dealt = meta.get('fold_rows', block_rows(splits.train.num_examples))
-  if splits.folds and dealt != splits_lib.FOLD_ROWS:
-    raise UsageError(
-        f'the checkpoint of step {step} in {ckpt.directory} was cross-fitted '
-        'on folds of consecutive rows (an older meshfit); this meshfit deals '
-        'single rows into folds, so its members would go on training on '
-        'rows they are validated on. Finish that run with the meshfit that '
-        'started it, or train into a new --workdir (eval and predict read '
-        'its checkpoints as they are)')
+def _evaluate(run: _Run, loop: _Loop, step: int,
+              state: state_lib.TrainState) -> state_lib.TrainState:
+  """Evaluates `state` at `step`; returns it with the members' weights the
+  evaluation chose, which its checkpoints (and a new best's) hold."""
+  loop.watch.drain()  # train and eval steps share the in-flight bound
+  choice, val_loss = loop.evaluations.at(step, state)
+  if choice is not None:
+    state = evaluations_lib.with_choice(state, choice, run.setup)
+  if val_loss is not None:
+    loop.evaluations.best_state = loop.checkpoints.note_best(step, state,
+                                                             val_loss)
+  return state
 
 
-def _train(config: Config, workdir: str, setup: Setup,
-           splits: splits_lib.Splits, ckpt: checkpointer.Checkpointer,
-           preemption: PreemptionWatch, state: state_lib.TrainState,
-           position: int, tracker: BestTracker,
-           on_call: CallObserver | None,
-           console: progress.Console | None) -> dict:
-  """The loop: calls of several steps, then whatever their last step asks."""
-  initial_step = int(jax.device_get(state.step))
-  last_step = initial_step if tracker.stopped else config.num_train_steps
+@contextlib.contextmanager
+def _opened(run: _Run, state: state_lib.TrainState, position: int,
+            tracker: BestTracker) -> Iterator[_Loop]:
+  """Writes the run's config, then opens what the calls use (the metrics
+  writer, the feed, the evaluations, the checkpoints) and closes them on
+  the way out, the checkpoints first."""
+  config, setup, splits = run.config, run.setup, run.splits
+  first_step = int(jax.device_get(state.step))
+  last_step = first_step if tracker.stopped else config.num_train_steps
   is_main = jax.process_index() == 0
   if is_main:
-    json_files.save_json(config, storage.join(workdir, 'config.json'))
-    writers.truncate_jsonl(storage.join(workdir, 'metrics.jsonl'),
-                           initial_step)
+    json_files.save_json(config, storage.join(run.workdir, 'config.json'))
+    writers.truncate_jsonl(storage.join(run.workdir, 'metrics.jsonl'),
+                           first_step)
     if config.plots:
       plots.preload()
-  shown = (console or progress.Console()).writer(is_main, progress.Plan.of(
-      initial_step, last_step, -(-splits.member_rows // config.batch_size),
+  shown = (run.console or progress.Console()).writer(is_main, progress.Plan.of(
+      first_step, last_step, -(-splits.member_rows // config.batch_size),
       tracker))
-  writer = writers.AsyncWriter(writers.create_writer(workdir, is_main, shown))
-  train_call = steps.jit_train_call(setup.graphdef, setup.arch.layout,
-                                    setup.member_tx, setup.shardings,
-                                    setup.mesh, config.log_every_steps,
-                                    setup.dropout)
-  evaluations = evaluations_lib.Evaluations(config, setup, splits, writer,
-                                             tracker)
-  # Jitted: op by op, the schedule cost the writer thread (and so the loop)
-  # more than the rest of a log. Not logged when members have their own.
-  schedule = (None if len(config.sweep.learning_rates) > 1 else
-              optim.jit_learning_rate_schedule(
-                  config.optimizer, config.num_train_steps,
-                  (config.sweep.learning_rates or
-                   (config.optimizer.learning_rate,))[0]))
-  profile = ProfileWindow(config.profile_start_step,
-                          config.profile_num_steps, workdir)
+  with contextlib.ExitStack() as stack:
+    writer = writers.AsyncWriter(
+        writers.create_writer(run.workdir, is_main, shown))
+    stack.callback(writer.close)
+    profile = ProfileWindow(config.profile_start_step,
+                            config.profile_num_steps, run.workdir)
+    feed, calls = _plan(config, setup, splits, profile, first_step,
+                        last_step, position)
+    stack.callback(feed.close)
+    stack.callback(profile.close)
+    table_z = ({} if not feed.resident else steps.jit_encode(
+        setup.mesh, setup.arch.layout)(state.stats, feed.device_table()))
+    evaluations = evaluations_lib.Evaluations(config, setup, splits, writer,
+                                              tracker)
+    evaluations.use_encoded_table(table_z)
+    watch = _loss_watch(config)
+    checkpoints = stack.enter_context(checkpoint_policy.LoopCheckpoints(
+        run.ckpt, watch, writer, setup.shardings,
+        functools.partial(_checkpoint_meta, run, feed, tracker, evaluations),
+        config.checkpoint_every_steps, config.checkpoint_every_seconds))
+    train_call = steps.jit_train_call(setup.graphdef, setup.arch.layout,
+                                      setup.member_tx, setup.shardings,
+                                      setup.mesh, config.log_every_steps,
+                                      setup.dropout)
+    yield _Loop(first_step, last_step, calls, feed, table_z, train_call,
+                _schedule(config), writer, watch, evaluations, checkpoints,
+                profile)
+
+
+def _checkpoint_meta(run: _Run, feed: feeding.TrainFeed,
+                     tracker: BestTracker,
+                     evaluations: evaluations_lib.Evaluations) -> dict:
+  """The JSON side of a checkpoint made now: where the input stands, what
+  the run trains on, and what validation has chosen and found."""
+  splits = run.splits
+  return {'data_position': feed.position, 'config': run.config.to_dict(),
+          'train_key': splits.train_key, 'validation': tracker.to_json(),
+          **({'fold_rows': splits_lib.FOLD_ROWS} if splits.folds else {}),
+          **evaluations.meta(),
+          **reading.model_meta(splits.train.plan, run.setup.arch.layout)}
+
+
+def _loss_watch(config: Config) -> LossWatch:
+  """A loss watch that logs a diverged member with its hyperparameters."""
   hparams = optim.Hyperparameters.of(config)
-  watch = LossWatch(lambda member, step, value: logging.warning(
+  return LossWatch(lambda member, step, value: logging.warning(
       'Member %d (%s) diverged: its loss is %s at step %d. It is left out of '
       "the ensemble's predictions; the other members train on.", member,
       ', '.join(f'{k}={v:g}' for k, v in hparams.member(member).items()),
       value, step))
-  checkpoints = checkpoint_policy.LoopCheckpoints(
-      ckpt, watch, writer, setup.shardings, lambda: {
-          'data_position': feed.position, 'config': config.to_dict(),
-          'train_key': splits.train_key, 'validation': tracker.to_json(),
-          **({'fold_rows': splits_lib.FOLD_ROWS} if splits.folds else {}),
-          **evaluations.meta(),
-          **reading.model_meta(splits.train.plan, setup.arch.layout)},
-      config.checkpoint_every_steps, config.checkpoint_every_seconds)
-  try:
-    feed, calls = _plan(config, setup, splits, profile, initial_step,
-                        last_step, position)
-  except BaseException:
-    checkpoints.close()
-    writer.close()
-    raise
-  table_z = ({} if not feed.resident else steps.jit_encode(
-      setup.mesh, setup.arch.layout)(state.stats, feed.device_table()))
-  evaluations.use_encoded_table(table_z)
-  speed = train_log.StepsPerSecond(initial_step)
-  reachable = True
-  try:
-    if preemption.received:
-      raise Preempted(initial_step)
-    step = initial_step
-    for call_index, (n, chunk) in enumerate(feed.chunks(calls)):
-      done, step = step, step + n
-      profile.before(done)
-      with jax.profiler.StepTraceAnnotation('train', step_num=step):
-        state, losses_KxM, train_metrics = train_call(state, table_z, chunk,
-                                                    np.int32(n))
-      watch.add(done + 1, n, losses_KxM)
-      if on_call is not None:
-        on_call(step, losses_KxM)
-      last = step == last_step
-      if step % config.log_every_steps == 0 or last:
-        watch.once_checked(functools.partial(
-            train_log.log_train, writer, speed, train_metrics, schedule,
-            step))
-      if step % config.eval_every_steps == 0 or last:
-        watch.drain()  # train and eval steps share the in-flight bound
-        choice, val_loss = evaluations.at(step, state)
-        if choice is not None:  # the weights the checkpoints record
-          state = evaluations_lib.with_choice(state, choice, setup)
-        if val_loss is not None:
-          evaluations.best_state = checkpoints.note_best(step, state,
-                                                         val_loss)
-        speed.pause()
-        last = last or tracker.stopped
-      if last:
-        checkpoints.save_now(step, state)
-      elif checkpoints.due(step):
-        checkpoints.save_periodic(step, state)
-      watch.settle()
-      profile.after(step, watch)
-      # Every host asks after the same calls, numbered alike.
-      if preemption.should_stop(call_index):
-        checkpoints.save_now(step, state)
-        checkpoints.wait()
-        writer.flush()
-        raise Preempted(step)
-      if last:
-        break
-    watch.drain()
-    return evaluations.final(state, ckpt, trained=step > initial_step)
-  except NonFiniteLossError as e:
-    # The state of step e.step - 1 produced the bad loss: a checkpoint of it
-    # is not good either. Set it aside (kept, not deleted) so that a rerun
-    # resumes from a state that produced a finite loss.
-    checkpoints.wait()
-    newest = max(ckpt.all_steps(), default=None)
-    if newest is not None and newest >= e.step - 1:
-      ckpt.set_aside([newest])
-    e.last_good = max((s for s in ckpt.all_steps() if s < e.step - 1),
-                      default=None)
-    raise
-  except storage.StorageError:
-    reachable = False  # what is in flight cannot be written: not waited on
-    raise
-  finally:
-    checkpoints.close(wait=reachable)
-    profile.close()
-    feed.close()
-    writer.close()
+
+
+def _schedule(config: Config) -> Callable[[int], jax.Array] | None:
+  """The learning rate at a step, as the train scalars log it; None when
+  members have their own (it is not logged then)."""
+  if len(config.sweep.learning_rates) > 1:
+    return None
+  # Jitted: op by op, the schedule cost the writer thread (and so the loop)
+  # more than the rest of a log.
+  return optim.jit_learning_rate_schedule(
+      config.optimizer, config.num_train_steps,
+      (config.sweep.learning_rates or (config.optimizer.learning_rate,))[0])
 
 
 def _plan(config: Config, setup: Setup, splits: splits_lib.Splits,
