@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 # Short runs of a small net: enough to learn a linear table well.
 TINY = dict(hidden_sizes=(16,), num_train_steps=80, batch_size=32,
-            ensemble_size=2, validation_folds=2)
+            ensemble_size=2, validation=2)
 
 
 def _linear_table(rows: int = 120, seed: int = 0):

@@ -37,7 +37,7 @@ PARAMETER_KEYS = {
     'epochs': 'train_epochs',
     'num_train_steps': 'num_train_steps',
     'ensemble_size': 'model.ensemble_size',
-    'validation_folds': 'dataset.validation_folds',
+    'validation': 'dataset.validation',
     'numeric_scaling': 'dataset.numeric_scaling',
     'seed': 'seed',
 }
@@ -62,10 +62,11 @@ class Regressor(RegressorMixin, BaseEstimator):
     batch_size: batch_size (0: sized to the table).
     epochs: train_epochs, the epochs of a run whose num_train_steps is 0.
     num_train_steps: num_train_steps (0: `epochs` of the rows).
-    ensemble_size: model.ensemble_size, the members (a multiple of
-      validation_folds).
-    validation_folds: dataset.validation_folds: the rows dealt into this
-      many folds, each member validated on one (0: no validation).
+    ensemble_size: model.ensemble_size, the members (a multiple of the
+      folds of `validation`).
+    validation: dataset.validation: a number of folds k >= 2 (each member
+      validated on one, trained on the others), a fraction of the rows held
+      out, or 0 (no validation).
     numeric_scaling: dataset.numeric_scaling (quantile or standardize).
     seed: seed, for parameters, data order and folds.
     verbose: 0 quiet but for warnings; 1 a progress display; 2 every
@@ -88,7 +89,7 @@ class Regressor(RegressorMixin, BaseEstimator):
                epochs: float = _CSV.train_epochs,
                num_train_steps: int = _CSV.num_train_steps,
                ensemble_size: int = _CSV.model.ensemble_size,
-               validation_folds: int = _CSV.dataset.validation_folds,
+               validation: float = _CSV.dataset.validation,
                numeric_scaling: str = _CSV.dataset.numeric_scaling,
                seed: int = _CSV.seed, verbose: int = 0,
                config: Mapping[str, Any] | None = None):
@@ -100,7 +101,7 @@ class Regressor(RegressorMixin, BaseEstimator):
     self.epochs = epochs
     self.num_train_steps = num_train_steps
     self.ensemble_size = ensemble_size
-    self.validation_folds = validation_folds
+    self.validation = validation
     self.numeric_scaling = numeric_scaling
     self.seed = seed
     self.verbose = verbose
