@@ -64,13 +64,23 @@ def test_the_parameters_set_the_run_config(fitted):
   assert config.dataset.numeric_scaling == 'quantile'
 
 
+def test_each_parameter_sets_the_key_of_its_name():
+  from meshfit.api import estimator  # noqa: PLC0415
+  keys = estimator.parameter_keys()
+  assert keys['hidden_sizes'] == 'model.hidden_sizes'
+  assert keys['learning_rate'] == 'optimizer.learning_rate'
+  assert keys['validation'] == 'dataset.validation'
+  assert keys['train_epochs'] == 'train_epochs'
+  assert 'verbose' not in keys and 'config' not in keys
+
+
 def test_defaults_are_configs_csv():
   from configs import csv  # noqa: PLC0415
   config, params = csv.get_config(), meshfit.Regressor().get_params()
   assert params['hidden_sizes'] == tuple(config.model.hidden_sizes)
   assert params['learning_rate'] == config.optimizer.learning_rate
   assert params['ensemble_size'] == config.model.ensemble_size
-  assert params['epochs'] == config.train_epochs
+  assert params['train_epochs'] == config.train_epochs
   assert params['numeric_scaling'] == config.dataset.numeric_scaling
 
 

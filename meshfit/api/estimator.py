@@ -9,6 +9,8 @@ defaults configs/csv.py's, and `config` takes any other key.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import io
 import tarfile
 import tempfile
@@ -20,27 +22,13 @@ import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
-from configs import csv
+from configs import csv, default
 from meshfit.api import fitting
 from meshfit.api.model import Model
 from meshfit.errors import UsageError
 
 _CSV = csv.get_config()
 
-# Constructor parameter -> the config key it sets.
-PARAMETER_KEYS = {
-    'hidden_sizes': 'model.hidden_sizes',
-    'activation': 'model.activation',
-    'learning_rate': 'optimizer.learning_rate',
-    'weight_decay': 'optimizer.weight_decay',
-    'batch_size': 'batch_size',
-    'epochs': 'train_epochs',
-    'num_train_steps': 'num_train_steps',
-    'ensemble_size': 'model.ensemble_size',
-    'validation': 'dataset.validation',
-    'numeric_scaling': 'dataset.numeric_scaling',
-    'seed': 'seed',
-}
 # The fitted estimator's target column(s) when y has no names of its own.
 TARGET_NAME = 'target'
 
@@ -52,7 +40,8 @@ class Regressor(RegressorMixin, BaseEstimator):
   X is a DataFrame (taken as it comes: numbers, categories, booleans,
   dates, missing values, as `meshfit.fit` reads it) or an array (columns
   named x0, x1, ...); y one target (1-D) or several (2-D). Each parameter
-  sets one key of configs/csv.py, whose value is its default.
+  sets the key of configs/csv.py whose last part is its name, and that
+  key's value there is its default.
 
   Args:
     hidden_sizes: model.hidden_sizes, the hidden layers' widths.
@@ -60,8 +49,9 @@ class Regressor(RegressorMixin, BaseEstimator):
     learning_rate: optimizer.learning_rate, the peak learning rate.
     weight_decay: optimizer.weight_decay.
     batch_size: batch_size (0: sized to the table).
-    epochs: train_epochs, the epochs of a run whose num_train_steps is 0.
-    num_train_steps: num_train_steps (0: `epochs` of the rows).
+    train_epochs: train_epochs, the epochs of a run whose num_train_steps
+      is 0.
+    num_train_steps: num_train_steps (0: `train_epochs` of the rows).
     ensemble_size: model.ensemble_size, the members (a multiple of the
       folds of `validation`).
     validation: dataset.validation: a number of folds k >= 2 (each member
@@ -86,7 +76,7 @@ class Regressor(RegressorMixin, BaseEstimator):
                learning_rate: float = _CSV.optimizer.learning_rate,
                weight_decay: float = _CSV.optimizer.weight_decay,
                batch_size: int = _CSV.batch_size,
-               epochs: float = _CSV.train_epochs,
+               train_epochs: float = _CSV.train_epochs,
                num_train_steps: int = _CSV.num_train_steps,
                ensemble_size: int = _CSV.model.ensemble_size,
                validation: float = _CSV.dataset.validation,
@@ -98,7 +88,7 @@ class Regressor(RegressorMixin, BaseEstimator):
     self.learning_rate = learning_rate
     self.weight_decay = weight_decay
     self.batch_size = batch_size
-    self.epochs = epochs
+    self.train_epochs = train_epochs
     self.num_train_steps = num_train_steps
     self.ensemble_size = ensemble_size
     self.validation = validation
@@ -158,13 +148,14 @@ class Regressor(RegressorMixin, BaseEstimator):
     """The dotted keys of the run: `config`, the parameters, and what an
     estimator's run needs (its own table folder, no loss-curve file)."""
     given = dict(self.config or {})
-    taken = sorted(set(given) & set(PARAMETER_KEYS.values()))
+    keys = parameter_keys()
+    taken = sorted(set(given) & set(keys.values()))
     if taken:
-      names = {v: k for k, v in PARAMETER_KEYS.items()}
+      names = {v: k for k, v in keys.items()}
       raise UsageError(f'config sets {", ".join(taken)}: give '
                        f'{", ".join(names[k] + "=" for k in taken)} instead')
     settings = {'dataset.data_dir': data_dir, 'plots': False, **given}
-    for name, key in PARAMETER_KEYS.items():
+    for name, key in keys.items():
       value = getattr(self, name)
       settings[key] = tuple(value) if name == 'hidden_sizes' else value
     return settings
@@ -224,6 +215,19 @@ class Regressor(RegressorMixin, BaseEstimator):
     tags.target_tags.multi_output = True
     tags.target_tags.single_output = True
     return tags
+
+
+@functools.cache
+def parameter_keys() -> dict[str, str]:
+  """{Regressor's parameter: the config key it sets}: the declared key
+  whose last part is the parameter's name."""
+  keys = {}
+  for name in inspect.signature(Regressor.__init__).parameters:
+    if name in ('self', 'verbose', 'config'):
+      continue
+    (keys[name],) = [s.key for s in default.SETTINGS
+                     if s.key.rsplit('.', 1)[-1] == name]
+  return keys
 
 
 def _targets(y: Any, rows: int) -> tuple[np.ndarray, bool]:
