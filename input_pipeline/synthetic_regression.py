@@ -20,6 +20,7 @@ files.
 
 import dataclasses
 
+from etils import epath
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -101,6 +102,9 @@ class SyntheticRegression(tfds.core.GeneratorBasedBuilder):
   100,000 train, 10,000 test.
   """
 
+  # TFDS would look for the builder's files in the folder its module name
+  # spells (meshfit/input_pipeline/), which a checkout keeps elsewhere.
+  pkg_dir_path = epath.Path(__file__).parent
   VERSION = tfds.core.Version('1.0.0')
   RELEASE_NOTES = {'1.0.0': 'Initial release.'}
   BUILDER_CONFIGS = [

@@ -17,24 +17,36 @@ it, docs/design.md draws it):
   serve        eval, predict and export of a saved model
   api          the library: fit, load and Model (train.py is its client)
 
-`errors` sits below them all. Beneath meshfit: `input_pipeline` (tables,
+`errors` sits below them all. Beneath them: `input_pipeline` (tables,
 column plans, prepared copies), `models` (Flax modules), `configs`, and
-`storage`, the one file layer every run file goes through (local or gs://).
+`storage`, the one file layer every run file goes through (local or gs://):
+meshfit.input_pipeline and so on, folders beside meshfit/ in a checkout and
+inside it once installed.
 
 `import meshfit` imports none of them (train.py sets the environment up
 before JAX starts); `meshfit.fit`, `meshfit.load`, `meshfit.Model` and the
-errors load the library on first use.
+errors load the library on first use (`meshfit.Regressor`, the
+scikit-learn estimator, scikit-learn too).
 """
 
 import importlib
+import os
 from typing import Any
+
+# A checkout keeps storage/, models/, ... beside meshfit/ (an installed one
+# inside it): either way they are meshfit.storage, meshfit.models, ...
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if (not os.path.isdir(os.path.join(os.path.dirname(__file__), 'models'))
+    and os.path.isfile(os.path.join(_ROOT, 'models', '__init__.py'))):
+  __path__.append(_ROOT)  # noqa: F821  (a package's own __path__)
 
 # Public name -> the module that defines it.
 _EXPORTS = {
     'fit': 'meshfit.api', 'load': 'meshfit.api', 'Model': 'meshfit.api',
+    'Regressor': 'meshfit.api.estimator',
     'UsageError': 'meshfit.errors',
     'DataError': 'input_pipeline.errors',
-    'StorageError': 'storage',
+    'StorageError': 'storage.errors',
     'NonFiniteLossError': 'meshfit.train.loss_watch',
     'Preempted': 'meshfit.train.preemption',
 }

@@ -123,7 +123,10 @@ def test_resident_indices_name_the_streamed_rows(table):
       sizes)
   try:
     x = np.asarray(resident.device_table()['x'])
-    np.testing.assert_array_equal(x, table[0])
+    # The table's rows, then zeros up to a length shared with its neighbours.
+    assert x.shape == (feeding.padded_rows(N), F)
+    np.testing.assert_array_equal(x[:N], table[0])
+    assert not x[N:].any()
     for size in sizes:
       (n, rows), (m, idx) = next(streamed_chunks), next(resident_chunks)
       assert n == m == size
@@ -138,6 +141,15 @@ def test_resident_indices_name_the_streamed_rows(table):
   finally:
     streamed.close()
     resident.close()
+
+
+def test_resident_tables_of_nearby_lengths_share_a_padded_length():
+  lengths = [feeding.padded_rows(n) for n in range(1, 5000)]
+  assert all(p >= n and p <= max(feeding.MIN_PADDED_ROWS, n * 9 / 8)
+             for n, p in zip(range(1, 5000), lengths))
+  # Five folds' training rows of 1,000, 1,003 and 1,010 rows: one length.
+  assert len({feeding.padded_rows(n) for n in (800, 802, 808)}) == 1
+  assert len(set(lengths)) < 60
 
 
 def test_chunks_of_several_steps_hold_the_stream_in_order(table):

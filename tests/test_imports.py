@@ -18,6 +18,8 @@ LAYERS = ('errors', 'parallel', 'config', 'data', 'model',
           'checkpoints', 'report', ('train', 'serve'), 'api')
 # Top-level packages, lowest first (the same rule between them).
 PACKAGES = ('storage', ('models', 'input_pipeline'), 'configs', 'meshfit')
+# The folders beside meshfit/ that an installed meshfit holds inside it.
+FOLDERS = ('storage', 'models', 'input_pipeline', 'configs')
 MAX_LINES = 420
 
 
@@ -31,14 +33,22 @@ def _rank(order, name):
 def _modules() -> dict[str, pathlib.Path]:
   """{dotted module name: file} of every package of the project."""
   found = {}
-  for package in ('meshfit', 'input_pipeline', 'models', 'configs',
-                  'storage'):
+  for package in ('meshfit', *FOLDERS):
     for path in sorted((ROOT / package).rglob('*.py')):
       parts = path.relative_to(ROOT).with_suffix('').parts
       if parts[-1] == '__init__':
         parts = parts[:-1]
       found['.'.join(parts)] = path
   return found
+
+
+def _canonical(name: str) -> str:
+  """A module's name as _modules has it: its folder's. The folders beside
+  meshfit are installed inside it (meshfit.storage is storage/)."""
+  parts = name.split('.')
+  if len(parts) > 1 and parts[0] == 'meshfit' and parts[1] in FOLDERS:
+    return '.'.join(parts[1:])
+  return name
 
 
 def _imports(path: pathlib.Path, modules: dict) -> set[str]:
@@ -55,14 +65,16 @@ def _imports(path: pathlib.Path, modules: dict) -> set[str]:
     if id(node) in skip:
       continue
     if isinstance(node, ast.Import):
-      out.update(a.name for a in node.names if a.name in modules)
+      out.update(_canonical(a.name) for a in node.names
+                 if _canonical(a.name) in modules)
     elif isinstance(node, ast.ImportFrom) and node.module:
+      module = _canonical(node.module)
       for a in node.names:
-        full = f'{node.module}.{a.name}'
+        full = _canonical(f'{node.module}.{a.name}')
         if full in modules:
           out.add(full)
-        elif node.module in modules:
-          out.add(node.module)
+        elif module in modules:
+          out.add(module)
   return out
 
 

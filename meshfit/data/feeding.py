@@ -30,6 +30,8 @@ from input_pipeline.tables import Table
 from meshfit.parallel import sharding
 
 Chunk = dict[str, jax.Array | np.ndarray]
+# Resident tables of up to this many rows share one length on device.
+MIN_PADDED_ROWS = 128
 
 
 class Rows(Protocol):
@@ -69,6 +71,17 @@ def process_block(sharding_: NamedSharding,
 def process_rows(batch_sharding: NamedSharding, global_rows: int) -> slice:
   """The contiguous block of batch rows that this process's devices hold."""
   return process_block(batch_sharding, (global_rows,))[0]
+
+
+def padded_rows(rows: int) -> int:
+  """The rows a resident table is padded to: at least MIN_PADDED_ROWS, and
+  at most an eighth more than `rows`, so that tables of nearby lengths (the
+  folds of a cross-validation, a refit on more rows) share one compiled
+  training program instead of compiling one each."""
+  if rows <= MIN_PADDED_ROWS:
+    return MIN_PADDED_ROWS
+  step = 1 << (rows.bit_length() - 4)
+  return -(-rows // step) * step
 
 
 def fits_on_device(table: Rows, limit_mb: int, copies: int = 1) -> bool:
@@ -149,11 +162,14 @@ class TrainFeed:
     return self._orders[0].num_examples
 
   def device_table(self) -> dict[str, jax.Array]:
-    """The whole table on every device (resident mode): {'x', 'y'}."""
+    """The whole table on every device (resident mode): {'x', 'y'}, its
+    rows padded with zeros to `padded_rows` (batches never gather them)."""
+    rows = padded_rows(len(self._table.x_NxF))
     return {name: jax.make_array_from_process_local_data(
-        self._replicated, table, table.shape)
+        self._replicated, padded, padded.shape)
             for name, table in (('x', self._table.x_NxF),
-                                ('y', self._table.y_NxT))}
+                                ('y', self._table.y_NxT))
+            for padded in [np.pad(table, ((0, rows - len(table)), (0, 0)))]}
 
   def indices(self, position: int, num_batches: int = 1) -> np.ndarray:
     """Table rows of this process's part of `num_batches` steps' batches
