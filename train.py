@@ -55,7 +55,7 @@ sys.stderr = _SerialStream(sys.stderr)
 # Before TensorFlow, TFDS, JAX, Orbax and etils are imported: local, quiet,
 # meshfit's XLA flags, one gs:// endpoint for every storage client.
 from meshfit.parallel import process  # noqa: E402  (imports no jax)
-import storage  # noqa: E402  (imports neither jax nor gcsfs)
+from meshfit import storage  # noqa: E402  (imports neither jax nor gcsfs)
 
 process.prepare()
 
@@ -287,7 +287,7 @@ def _run() -> None:
   """Runs the mode the flags name (after the job is joined)."""
   import jax  # noqa: PLC0415  (after flag parsing: --help stays fast)
 
-  from input_pipeline.errors import DataError  # noqa: PLC0415
+  from meshfit.input_pipeline.errors import DataError  # noqa: PLC0415
   from meshfit.api import runs  # noqa: PLC0415
   from meshfit.config import json_files  # noqa: PLC0415
   from meshfit.errors import UsageError  # noqa: PLC0415

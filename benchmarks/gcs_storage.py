@@ -34,8 +34,8 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 from bench_common import markdown_table, number  # noqa: E402
 
-import storage  # noqa: E402
-from storage import emulator as gcs_emulator  # noqa: E402
+from meshfit import storage  # noqa: E402
+from meshfit.storage import emulator as gcs_emulator  # noqa: E402
 
 EVAL_ROWS = 100_000
 
@@ -70,7 +70,7 @@ def save_checkpoint(directory: str, tree: dict) -> float:
 
 def prepare(train: str, eval_path: str, target: str, data_dir: str) -> float:
   """Seconds to prepare `train` and `eval_path` into `data_dir` afresh."""
-  from input_pipeline.csv_regression import (  # noqa: PLC0415
+  from meshfit.input_pipeline.csv_regression import (  # noqa: PLC0415
       prepare as prepare_table)
   start = time.perf_counter()
   prepare_table(train, eval_path, (target,), (), (), data_dir)

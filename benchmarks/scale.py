@@ -74,7 +74,7 @@ def table(rows: int) -> tuple[str, str]:
 
 def _prepare_worker(files: tuple[str, str], data_dir: str, index: int,
                     count: int, barrier, shared, results) -> None:
-  from input_pipeline.csv_regression import prepare  # noqa: PLC0415
+  from meshfit.input_pipeline.csv_regression import prepare  # noqa: PLC0415
 
   def gather(array: np.ndarray) -> np.ndarray:
     # What jax's process_allgather does for train.py, between processes.

@@ -89,7 +89,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 import bench_common  # noqa: E402
 from bench_common import markdown_table, number  # noqa: E402
-from configs import default  # noqa: E402
+from meshfit.configs import default  # noqa: E402
 from meshfit.train.loop import train_and_evaluate  # noqa: E402
 
 SECTIONS = ('main', 'precision', 'checkpoint', 'members', 'first_minute')

@@ -47,7 +47,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
-from configs import csv as csv_config  # noqa: E402
+from meshfit.configs import csv as csv_config  # noqa: E402
 from meshfit.train.loop import train_and_evaluate  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -20,7 +20,7 @@ docs/tables.md has what these defaults reach on real tables.
 
 import ml_collections
 
-from configs import default
+from meshfit.configs import default
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -9,23 +9,23 @@ override. Any key can be overridden on the command line, e.g.
 
 import ml_collections
 
-from configs.settings import (EVAL, INVOKER, RESUME, Setting, boolean, config_dict,
+from meshfit.configs.settings import (EVAL, INVOKER, RESUME, Setting, boolean, config_dict,
                               directory, integer, is_int, is_number, must,
                               number, one_of, path, text, tuple_of)
 
 
 def _datasets() -> tuple[str, ...]:
-  from input_pipeline import csv_regression, tables  # noqa: PLC0415
+  from meshfit.input_pipeline import csv_regression, tables  # noqa: PLC0415
   return tables.GENERATED_DATASETS + (csv_regression.NAME,)
 
 
 def _activations() -> tuple[str, ...]:
-  from models import mlp  # noqa: PLC0415  (jax: imported when checked)
+  from meshfit.models import mlp  # noqa: PLC0415  (jax: imported when checked)
   return tuple(mlp.ACTIVATIONS)
 
 
 def _dtypes() -> tuple[str, ...]:
-  from models import mlp  # noqa: PLC0415
+  from meshfit.models import mlp  # noqa: PLC0415
   return tuple(mlp.DTYPES)
 
 

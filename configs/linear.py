@@ -6,7 +6,7 @@ training examples forming one global batch split over all devices.
 
 import ml_collections
 
-from configs import default
+from meshfit.configs import default
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -17,7 +17,7 @@ from typing import Any
 
 import ml_collections
 
-import storage
+from meshfit import storage
 
 # What may change a trained run's value of a key. NEVER: what the model is
 # and what it learns from. RESUME: how long and how observably a run goes

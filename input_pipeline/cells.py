@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from absl import logging
 
-from input_pipeline.errors import DataError
+from meshfit.input_pipeline.errors import DataError
 
 if TYPE_CHECKING:
   import pandas as pd

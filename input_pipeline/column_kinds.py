@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from input_pipeline import cells, table_files
-from input_pipeline.column_plan import (DATETIME_PARTS, MIN_COUNT, Column,
+from meshfit.input_pipeline import cells, table_files
+from meshfit.input_pipeline.column_plan import (DATETIME_PARTS, MIN_COUNT, Column,
                                         ColumnPlan)
-from input_pipeline.errors import DataError
+from meshfit.input_pipeline.errors import DataError
 
 if TYPE_CHECKING:
   import pandas as pd

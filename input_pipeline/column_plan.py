@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from input_pipeline import cells, table_files
-from input_pipeline.errors import DataError
+from meshfit.input_pipeline import cells, table_files
+from meshfit.input_pipeline.errors import DataError
 
 if TYPE_CHECKING:
   import pandas as pd

@@ -50,14 +50,14 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-import storage
-from input_pipeline import (cells, column_kinds, column_plan, file_keys,
+from meshfit import storage
+from meshfit.input_pipeline import (cells, column_kinds, column_plan, file_keys,
                             table_files)
-from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.errors import DataError
-from input_pipeline.paths import named
-from input_pipeline.store import Part, Store, write_part
-from input_pipeline.tables import Table
+from meshfit.input_pipeline.column_plan import ColumnPlan
+from meshfit.input_pipeline.errors import DataError
+from meshfit.input_pipeline.paths import named
+from meshfit.input_pipeline.store import Part, Store, write_part
+from meshfit.input_pipeline.tables import Table
 
 NAME = 'csv_regression'
 SPLITS = ('train', 'test')

@@ -19,9 +19,9 @@ import re
 from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING
 
-import storage
-from input_pipeline import cells
-from input_pipeline.errors import DataError, one_line
+from meshfit import storage
+from meshfit.input_pipeline import cells
+from meshfit.input_pipeline.errors import DataError, one_line
 
 if TYPE_CHECKING:
   import pandas as pd

@@ -23,11 +23,11 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-import storage
-from input_pipeline import column_plan, table_files
-from input_pipeline.errors import DataError
-from input_pipeline.paths import named
-from storage import gcs  # the metadata of an object, for its key
+from meshfit import storage
+from meshfit.input_pipeline import column_plan, table_files
+from meshfit.input_pipeline.errors import DataError
+from meshfit.input_pipeline.paths import named
+from meshfit.storage import gcs  # the metadata of an object, for its key
 
 # Changing how files are parsed, encoded or stored must change the key.
 _KEY_SCHEMA = 'meshfit.csv_regression/6'

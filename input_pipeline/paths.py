@@ -12,8 +12,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-import storage
-from input_pipeline.errors import DataError
+from meshfit import storage
+from meshfit.input_pipeline.errors import DataError
 
 
 @contextlib.contextmanager

@@ -23,9 +23,9 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-import storage
-from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.errors import DataError
+from meshfit import storage
+from meshfit.input_pipeline.column_plan import ColumnPlan
+from meshfit.input_pipeline.errors import DataError
 
 DTYPE = np.dtype('<f4')
 

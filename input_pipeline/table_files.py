@@ -29,10 +29,10 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-import storage
-from input_pipeline import cells, csv_text
-from input_pipeline.errors import DataError, one_line
-from input_pipeline.paths import named
+from meshfit import storage
+from meshfit.input_pipeline import cells, csv_text
+from meshfit.input_pipeline.errors import DataError, one_line
+from meshfit.input_pipeline.paths import named
 
 if TYPE_CHECKING:
   import pandas as pd

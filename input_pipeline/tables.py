@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from absl import logging
 
-import storage
-from input_pipeline import tfds_copies
-from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.errors import DataError
-from input_pipeline.paths import named
+from meshfit import storage
+from meshfit.input_pipeline import tfds_copies
+from meshfit.input_pipeline.column_plan import ColumnPlan
+from meshfit.input_pipeline.errors import DataError
+from meshfit.input_pipeline.paths import named
 
 if TYPE_CHECKING:
   import tensorflow_datasets as tfds
@@ -188,7 +188,7 @@ def prepare(name: str, data_dir: str) -> 'tfds.core.DatasetBuilder':
   _check_generated(name, data_dir)
   tfds = _import_tfds()
   # Registers the builder with TFDS.
-  from input_pipeline import synthetic_regression  # noqa: F401, PLC0415
+  from meshfit.input_pipeline import synthetic_regression  # noqa: F401, PLC0415
   builder = tfds.builder(name, data_dir=data_dir)
   if not builder.is_prepared():
     builder.download_and_prepare(

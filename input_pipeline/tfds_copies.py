@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 
-import storage
-from input_pipeline.errors import DataError
+from meshfit import storage
+from meshfit.input_pipeline.errors import DataError
 
 
 def upload(local: str, url: str, last: str) -> None:

@@ -45,8 +45,8 @@ _EXPORTS = {
     'fit': 'meshfit.api', 'load': 'meshfit.api', 'Model': 'meshfit.api',
     'Regressor': 'meshfit.api.estimator',
     'UsageError': 'meshfit.errors',
-    'DataError': 'input_pipeline.errors',
-    'StorageError': 'storage.errors',
+    'DataError': 'meshfit.input_pipeline.errors',
+    'StorageError': 'meshfit.storage.errors',
     'NonFiniteLossError': 'meshfit.train.loss_watch',
     'Preempted': 'meshfit.train.preemption',
 }

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import embeddings, ridge
-from models.low_precision import bf16_dot_general
+from meshfit.models import embeddings, ridge
+from meshfit.models.low_precision import bf16_dot_general
 
 # Logical axis names, mapped to mesh axes in meshfit/parallel/sharding.py (more in
 # models/embeddings.py).

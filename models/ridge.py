@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.embeddings import (EMBED_AXIS, VOCAB_AXIS, table_lookup,
+from meshfit.models.embeddings import (EMBED_AXIS, VOCAB_AXIS, table_lookup,
                                table_offsets, table_rows)
 
 OUT_AXIS = 'out'  # the regression targets (as in models/mlp.py)

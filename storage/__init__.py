@@ -20,17 +20,17 @@ It imports nothing from meshfit, input_pipeline, models or configs: both
 input_pipeline and meshfit use it.
 """
 
-from storage.environment import configure_environment
-from storage.errors import StorageError
-from storage.files import (copy_file, copytree, exists, glob, isdir, isfile,
+from meshfit.storage.environment import configure_environment
+from meshfit.storage.errors import StorageError
+from meshfit.storage.files import (copy_file, copytree, exists, glob, isdir, isfile,
                            list_files, listdir, makedirs, move, open,
                            read_bytes, read_text, remove, rename, rmtree,
                            size)
-from storage.paths import (SCHEMES, absolute, basename, check_scheme,
+from meshfit.storage.paths import (SCHEMES, absolute, basename, check_scheme,
                            dirname, is_remote, join, resolve, split_url)
-from storage.writes import (atomic_write, check_writable, write_errno,
+from meshfit.storage.writes import (atomic_write, check_writable, write_errno,
                             write_error, writes_in_place)
-from storage.streams import (AppendWriter, RangeReader, create_exclusive,
+from meshfit.storage.streams import (AppendWriter, RangeReader, create_exclusive,
                              read_range)
 
 __all__ = [

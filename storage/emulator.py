@@ -1,7 +1,7 @@
 """A local GCS emulator: fake-gcs-server on 127.0.0.1, for tests and for
 trying gs:// workdirs without a Google Cloud project.
 
-    python -m storage.emulator --bucket=my-bucket
+    python -m meshfit.storage.emulator --bucket=my-bucket
 
 starts one (objects in memory, gone when it stops) and prints the
 STORAGE_EMULATOR_HOST line to export in the shell that runs meshfit.
@@ -144,7 +144,7 @@ def running(bucket: str = 'meshfit-test', port: int = 0
 
 def main() -> None:
   parser = argparse.ArgumentParser(
-      prog='python -m storage.emulator',
+      prog='python -m meshfit.storage.emulator',
       description='A local GCS emulator (objects kept in memory).')
   parser.add_argument('--bucket', default='my-bucket',
                       help='bucket to create (default: my-bucket)')

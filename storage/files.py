@@ -15,8 +15,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO, Any
 
-from storage import gcs, paths
-from storage.errors import StorageError
+from meshfit.storage import gcs, paths
+from meshfit.storage.errors import StorageError
 
 
 def exists(path: str) -> bool:

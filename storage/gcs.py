@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from storage import environment, paths
-from storage.errors import StorageError
+from meshfit.storage import environment, paths
+from meshfit.storage.errors import StorageError
 
 _T = TypeVar('_T')
 _lock = threading.Lock()

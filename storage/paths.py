@@ -4,7 +4,7 @@ import os
 import posixpath
 import re
 
-from storage.errors import StorageError
+from meshfit.storage.errors import StorageError
 
 # The URL schemes meshfit reads and writes; '' is a local path.
 SCHEMES = ('gs',)

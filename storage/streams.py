@@ -6,8 +6,8 @@ import builtins
 import io
 import os
 
-from storage import gcs, paths
-from storage.files import read_bytes, size
+from meshfit.storage import gcs, paths
+from meshfit.storage.files import read_bytes, size
 
 
 def create_exclusive(path: str, data: bytes | str) -> bool:

@@ -15,8 +15,8 @@ import uuid
 from collections.abc import Iterator
 from typing import IO
 
-from storage import gcs, paths
-from storage.errors import StorageError
+from meshfit.storage import gcs, paths
+from meshfit.storage.errors import StorageError
 
 # Write failures a user can fix, each with what to do about it.
 _WRITE_FIXES = {

@@ -7,7 +7,7 @@ os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
 from meshfit.parallel import xla_flags  # noqa: E402  (imports no jax)
 
 xla_flags.apply()  # the tests run under train.py's XLA flags
-import storage  # noqa: E402  (imports neither jax nor gcsfs)
+from meshfit import storage  # noqa: E402  (imports neither jax nor gcsfs)
 
 storage.configure_environment()  # as train.py does, before etils and Orbax
 os.environ.setdefault('NO_GCE_CHECK', 'true')
@@ -26,7 +26,7 @@ jax.config.update('jax_numpy_rank_promotion', 'raise')
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory) -> str:
   """One TFDS data dir for the whole session, with both synthetic configs."""
-  from input_pipeline import tables  # noqa: PLC0415
+  from meshfit.input_pipeline import tables  # noqa: PLC0415
   path = str(tmp_path_factory.mktemp('tfds'))
   for name in tables.GENERATED_DATASETS:
     tables.prepare(name, path)

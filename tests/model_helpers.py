@@ -12,14 +12,14 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from cli_helpers import override
-from configs import default
+from meshfit.configs import default
 from meshfit.config import DatasetConfig
 from meshfit.data.features import InputLayout
 from meshfit.model.optim import Hyperparameters
 from meshfit.model.state import TrainState
 from meshfit.model.steps import Batch, encode, train_step
 from meshfit.parallel import sharding
-from models.mlp import MlpConfig
+from meshfit.models.mlp import MlpConfig
 
 
 # configs/default.py shrunk to train in seconds: the keys most tests share.

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from storage import emulator as gcs_emulator
+from meshfit.storage import emulator as gcs_emulator
 
 # gcsfs reads this once, when imported (by a test module, etils or fsspec,
 # before any fixture runs): without it, the first call on each bucket waits
@@ -35,7 +35,7 @@ def gcs_emulator_url() -> Iterator[str]:
   Yields:
     The emulator's URL, http://127.0.0.1:PORT.
   """
-  import storage  # noqa: PLC0415
+  from meshfit import storage  # noqa: PLC0415
   saved = {k: os.environ.get(k)
            for k in ('STORAGE_EMULATOR_HOST', 'EPATH_USE_TF', 'NO_GCE_CHECK',
                      *_DERIVED)}

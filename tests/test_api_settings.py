@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from cli_helpers import ROOT
-from configs import csv, linear
-from input_pipeline import table_files
+from meshfit.configs import csv, linear
+from meshfit.input_pipeline import table_files
 from meshfit.api import settings
 from meshfit.errors import UsageError
 

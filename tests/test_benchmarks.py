@@ -33,9 +33,9 @@ ENTRY_POINTS = {
     'meshfit.errors': None,
     'meshfit.parallel': {'xla_flags'},
     'meshfit.parallel.xla_flags': {'apply'},
-    'configs': None,
-    'storage': None,
-    'input_pipeline.csv_regression': {'prepare'},
+    'meshfit.configs': None,
+    'meshfit.storage': None,
+    'meshfit.input_pipeline.csv_regression': {'prepare'},
 }
 PROJECT = ('meshfit', 'configs', 'storage', 'input_pipeline', 'models')
 
@@ -60,8 +60,8 @@ def _allowed(module: str, name: str | None) -> bool:
   if module in ENTRY_POINTS:
     names = ENTRY_POINTS[module]
     return name is None or names is None or name in names
-  # A sub-module of configs or storage (configs.default, storage.emulator).
-  return module.split('.')[0] in ('configs', 'storage')
+  # A sub-module of configs or storage (meshfit.configs.default, meshfit.storage.emulator).
+  return module.startswith(('meshfit.configs.', 'meshfit.storage.'))
 
 
 def test_benchmarks_reach_meshfit_through_its_entry_points_only():
@@ -80,15 +80,15 @@ def test_the_entry_point_rule_catches_an_internal_import(tmp_path):
   path.write_text('from meshfit.data import feeding\n'
                   'from meshfit.train.loop import _train\n'
                   'from meshfit.train.loop import train_and_evaluate\n'
-                  'import models.mlp\n'
-                  'from configs import default\n'
+                  'import meshfit.models.mlp\n'
+                  'from meshfit.configs import default\n'
                   'import numpy\n')
   verdicts = {(m, n): _allowed(m, n) for m, n in _imports(str(path))}
   assert verdicts == {('meshfit.data', 'feeding'): False,
                       ('meshfit.train.loop', '_train'): False,
                       ('meshfit.train.loop', 'train_and_evaluate'): True,
-                      ('models.mlp', None): False,
-                      ('configs', 'default'): True}
+                      ('meshfit.models.mlp', None): False,
+                      ('meshfit.configs', 'default'): True}
 
 
 def test_no_benchmark_names_an_issue():

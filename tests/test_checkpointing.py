@@ -137,7 +137,7 @@ def test_a_save_that_fills_the_disk_half_way_is_one_storage_error(tmp_path):
   import jax.numpy as jnp  # noqa: PLC0415
   import numpy as np  # noqa: PLC0415
 
-  import storage  # noqa: PLC0415
+  from meshfit import storage  # noqa: PLC0415
   disk = tmp_path / 'disk'
   disk.mkdir()
   if subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=512k', 'tmpfs',

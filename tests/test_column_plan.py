@@ -1,4 +1,4 @@
-"""input_pipeline.column_kinds and column_plan: every column's kind, and
+"""meshfit.input_pipeline.column_kinds and column_plan: every column's kind, and
 encoding with it."""
 
 import re
@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from input_pipeline import cells, column_kinds, column_plan
-from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.errors import DataError
+from meshfit.input_pipeline import cells, column_kinds, column_plan
+from meshfit.input_pipeline.column_plan import ColumnPlan
+from meshfit.input_pipeline.errors import DataError
 
 N = 40
 

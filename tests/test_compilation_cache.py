@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from configs import default
+from meshfit.configs import default
 from meshfit import config as config_lib
 from meshfit.errors import UsageError
 from meshfit.parallel import compilation_cache

@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from configs import csv as csv_config, default, settings
+from meshfit.configs import csv as csv_config, default, settings
 from meshfit import config as config_lib
 from meshfit.config import docs, json_files, spellings
 from meshfit.errors import UsageError

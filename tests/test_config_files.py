@@ -8,7 +8,7 @@ from unittest import mock
 import pytest
 from absl import logging
 
-from configs import default
+from meshfit.configs import default
 from meshfit import config as config_lib
 from meshfit.config import json_files, spellings
 from meshfit.errors import UsageError

@@ -18,9 +18,9 @@ import pytest  # noqa: E402
 from model_helpers import dataset_config
 from cli_helpers import regression_frame  # noqa: E402
 
-from configs import csv as csv_config  # noqa: E402
-from input_pipeline import file_keys, table_files  # noqa: E402
-from input_pipeline.errors import DataError  # noqa: E402
+from meshfit.configs import csv as csv_config  # noqa: E402
+from meshfit.input_pipeline import file_keys, table_files  # noqa: E402
+from meshfit.input_pipeline.errors import DataError  # noqa: E402
 from meshfit import config as config_lib
 from meshfit.data import splits as splits_lib  # noqa: E402
 from meshfit.errors import UsageError  # noqa: E402

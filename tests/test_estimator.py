@@ -75,7 +75,7 @@ def test_each_parameter_sets_the_key_of_its_name():
 
 
 def test_defaults_are_configs_csv():
-  from configs import csv  # noqa: PLC0415
+  from meshfit.configs import csv  # noqa: PLC0415
   config, params = csv.get_config(), meshfit.Regressor().get_params()
   assert params['hidden_sizes'] == tuple(config.model.hidden_sizes)
   assert params['learning_rate'] == config.optimizer.learning_rate

@@ -26,9 +26,9 @@ import pytest
 from cli_helpers import regression_frame, run_train
 from model_helpers import shrunk_config
 from test_column_plan import AWKWARD_DATES
-from configs import csv as csv_config
-from input_pipeline import column_plan
-from input_pipeline.column_plan import ColumnPlan
+from meshfit.configs import csv as csv_config
+from meshfit.input_pipeline import column_plan
+from meshfit.input_pipeline.column_plan import ColumnPlan
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
 from meshfit.data import splits as splits_lib

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from input_pipeline import order, tables
+from meshfit.input_pipeline import order, tables
 from meshfit.data import feeding
 from meshfit.parallel import sharding
 

@@ -15,13 +15,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from cli_helpers import ROOT
-from configs import csv as csv_config
+from meshfit.configs import csv as csv_config
 from model_helpers import dataset_config
 
-import storage
-from input_pipeline import csv_regression, file_keys, table_files, tables
-from input_pipeline.errors import DataError
-from input_pipeline.store import Store
+from meshfit import storage
+from meshfit.input_pipeline import csv_regression, file_keys, table_files, tables
+from meshfit.input_pipeline.errors import DataError
+from meshfit.input_pipeline.store import Store
 from meshfit.data import splits as splits_lib
 
 

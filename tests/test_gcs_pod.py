@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import storage
+from meshfit import storage
 from meshfit.report import writers
 
 pytestmark = pytest.mark.slow

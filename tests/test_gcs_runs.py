@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-import storage
+from meshfit import storage
 from cli_helpers import ROOT, run_train
 from meshfit.checkpoints import reading, workdir_lock
 from meshfit.errors import UsageError

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import default
-from input_pipeline.tables import Table, generated_plan
+from meshfit.configs import default
+from meshfit.input_pipeline.tables import Table, generated_plan
 from meshfit import config as config_lib
 from meshfit.data import splits as splits_lib
 from meshfit.data.features import FeatureStats, InputLayout
@@ -17,8 +17,8 @@ from meshfit.errors import UsageError
 from meshfit.model import optim, state as state_lib, vocabulary_fit
 from meshfit.model.setup import make_setup
 from model_helpers import mlp_config
-from models import mlp
-from models.mlp import Mlp
+from meshfit.models import mlp
+from meshfit.models.mlp import Mlp
 
 N = 300
 # Category sizes: unknown, missing, then values.
@@ -89,7 +89,7 @@ def _fresh(layout: InputLayout, table: Table, members: int, folds: int = 0):
 
 
 def test_a_streamed_table_is_not_read_again_to_count(tmp_path):
-  from input_pipeline import store  # noqa: PLC0415
+  from meshfit.input_pipeline import store  # noqa: PLC0415
   layout, table = _table(2)
   rows = np.concatenate([table.x_NxF, table.y_NxT], axis=1)
   store.write_part(str(tmp_path / 'part-0'), [rows], rows.shape[1])
@@ -187,7 +187,7 @@ def _csv_config(tmp_path, steps: int):
   """configs/csv.py on a table whose category has values too rare for some
   members (and a value only the eval file has), on a 4 x 2 mesh."""
   import pandas as pd  # noqa: PLC0415
-  from configs import csv as csv_config  # noqa: PLC0415
+  from meshfit.configs import csv as csv_config  # noqa: PLC0415
   rng = np.random.default_rng(5)
   n = 400
   shop = rng.choice([f's{i}' for i in range(8)], n).astype(object)

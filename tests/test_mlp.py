@@ -11,15 +11,15 @@ import pytest
 from flax import nnx
 
 from model_helpers import jit_train_step, mlp_config
-from configs import default
+from meshfit.configs import default
 from meshfit import config as config_lib
 from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.errors import UsageError
 from meshfit.model import optim, state as state_lib
 from meshfit.model.setup import make_setup
 from meshfit.parallel import sharding
-from models import low_precision, mlp, ridge as ridge_model
-from models.mlp import Mlp
+from meshfit.models import low_precision, mlp, ridge as ridge_model
+from meshfit.models.mlp import Mlp
 
 
 def _model(dtype: str, param_dtype: str = 'float32',
@@ -450,7 +450,7 @@ def test_ridge_blend_must_be_a_bool_and_needs_validation_and_values():
 
 def test_normal_quantile_edges_are_scipys():
   from scipy.special import ndtri  # noqa: PLC0415  (the reference only)
-  from models.embeddings import normal_quantile_edges  # noqa: PLC0415
+  from meshfit.models.embeddings import normal_quantile_edges  # noqa: PLC0415
   for bins in (2, 8, 16, 64, 1000):
     expected = np.concatenate([[-3.0], ndtri(np.arange(1, bins) / bins),
                                [3.0]]).astype(np.float32)

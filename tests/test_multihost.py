@@ -20,7 +20,7 @@ from collections.abc import Callable
 import pytest
 
 from cli_helpers import override
-from configs import default
+from meshfit.configs import default
 from meshfit.report import writers
 from meshfit.train import loop
 

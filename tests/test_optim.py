@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import optax
 
-from configs import default
+from meshfit.configs import default
 from meshfit import config as config_lib
 from meshfit.model import optim
 

@@ -1,9 +1,9 @@
-"""input_pipeline.order: the example order, and reading ahead in a thread."""
+"""meshfit.input_pipeline.order: the example order, and reading ahead in a thread."""
 
 import numpy as np
 import pytest
 
-from input_pipeline import order
+from meshfit.input_pipeline import order
 
 
 def test_permutation_is_keyed_on_seed_and_epoch():

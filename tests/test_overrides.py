@@ -10,7 +10,7 @@ from absl import flags
 from ml_collections import config_flags
 from ml_collections.config_flags import config_path
 
-from configs import default
+from meshfit.configs import default
 from meshfit import config as config_lib
 from meshfit.errors import UsageError
 

@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from cli_helpers import regression_frame, run_train, saved_config
-from input_pipeline import table_files
-from input_pipeline.errors import DataError
+from meshfit.input_pipeline import table_files
+from meshfit.input_pipeline.errors import DataError
 from meshfit.checkpoints import reading
 from meshfit.errors import UsageError
 from meshfit.serve import evaluate, export, predict
@@ -275,8 +275,8 @@ def test_training_and_eval_draw_readable_pictures(csv_run):
 
 def test_synthetic_runs_predict_from_x0_x9_style_columns(tmp_path):
   """Generated datasets have no file: their names are x0.. and y."""
-  from configs import linear  # noqa: PLC0415
-  from input_pipeline import tables  # noqa: PLC0415
+  from meshfit.configs import linear  # noqa: PLC0415
+  from meshfit.input_pipeline import tables  # noqa: PLC0415
   from meshfit.serve import evaluate
   from meshfit.train import loop  # noqa: PLC0415
   config = linear.get_config()

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from input_pipeline import csv_regression, file_keys
-from input_pipeline.errors import DataError
+from meshfit.input_pipeline import csv_regression, file_keys
+from meshfit.input_pipeline.errors import DataError
 
 
 def _frame(n: int, seed: int) -> pd.DataFrame:

@@ -6,15 +6,15 @@ import jax
 import numpy as np
 import pytest
 
-from configs import default
-from input_pipeline.tables import Table, generated_plan
+from meshfit.configs import default
+from meshfit.input_pipeline.tables import Table, generated_plan
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
 from meshfit.data import splits as splits_lib
 from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.model import inference, optim, ridge_fit, state as state_lib
 from meshfit.model.setup import make_setup
-from models import mlp
+from meshfit.models import mlp
 
 N = 600
 

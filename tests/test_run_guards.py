@@ -399,7 +399,7 @@ def test_names_as_long_as_the_file_system_allows(trained, tmp_path):
 
 def test_an_eval_that_cannot_write_leaves_no_empty_eval_dir(
     trained, tmp_path, monkeypatch):
-  import storage  # noqa: PLC0415
+  from meshfit import storage  # noqa: PLC0415
   from meshfit.serve import evaluate  # noqa: PLC0415
   tmp, workdir = trained
   copy = _copy(workdir, tmp_path)
@@ -437,7 +437,7 @@ def small_disk(tmp_path):
 
 def test_a_full_disk_in_predict_says_so_and_leaves_nothing(
     trained, tmp_path, small_disk):
-  import storage  # noqa: PLC0415
+  from meshfit import storage  # noqa: PLC0415
   tmp, workdir = trained
   disk = small_disk('16k')
   # Its predictions need more than the disk has.

@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from model_helpers import mlp_config, uniform_hparams
-from configs import default
+from meshfit.configs import default
 from meshfit import config as config_lib
 from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.errors import UsageError

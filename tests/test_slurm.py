@@ -16,7 +16,7 @@ import time
 import pytest
 
 import slurm_cluster
-from configs import default
+from meshfit.configs import default
 from meshfit.report import writers
 from meshfit.train import loop
 

@@ -15,8 +15,8 @@ import pytest
 from model_helpers import dataset_config
 from cli_helpers import ROOT, regression_frame
 
-from configs import csv as csv_config
-from configs import default
+from meshfit.configs import csv as csv_config
+from meshfit.configs import default
 from meshfit.data import splits as splits_lib
 
 # Every test here trains (or runs train.py): left out of `make test-fast`.
@@ -40,8 +40,8 @@ def _slow_imports_after(code: str) -> list[str]:
 
 def test_importing_the_pipeline_and_the_runtime_imports_none():
   assert _slow_imports_after(
-      'import input_pipeline.column_plan, input_pipeline.csv_regression, '
-      'input_pipeline.order, input_pipeline.tables, '
+      'import meshfit.input_pipeline.column_plan, meshfit.input_pipeline.csv_regression, '
+      'meshfit.input_pipeline.order, meshfit.input_pipeline.tables, '
       'meshfit.checkpoints.checkpointer, meshfit.config.json_files, '
       'meshfit.serve.evaluate, meshfit.serve.export, meshfit.train.loop, '
       'meshfit.model.metrics, meshfit.report.plots, meshfit.serve.predict, '

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-import storage
+from meshfit import storage
 
 
 @pytest.fixture(params=['local', 'gcs'])
@@ -288,7 +288,7 @@ def test_refusals_of_real_gcs_are_one_line(status, expected):
   # The emulator lets everyone in; these are the exceptions gcsfs raises
   # for GCS's answers.
   from gcsfs.retry import validate_response  # noqa: PLC0415
-  from storage import gcs  # noqa: PLC0415
+  from meshfit.storage import gcs  # noqa: PLC0415
   url = 'gs://bucket/run/config.json'
   body = json.dumps({'error': {'code': status, 'message': 'caller lacks '
                                'storage.objects.get'}}).encode()
@@ -305,7 +305,7 @@ def test_after_a_network_error_the_endpoint_fails_fast(gcs_emulator_url,
   # gcsfs's own retries (6 tries, ~32 s) are waited out, once, by
   # test_gcs_runs.py's run whose network is cut; here the state they leave.
   del gcs_emulator_url  # the emulator running is what the test needs
-  from storage import environment, gcs  # noqa: PLC0415
+  from meshfit.storage import environment, gcs  # noqa: PLC0415
   monkeypatch.setattr(gcs, '_unreachable', {
       environment.emulator_url(): (time.monotonic(), 'ClientConnectorError: '
                                    'Cannot connect')})
@@ -509,7 +509,7 @@ def test_sigterm_during_atomic_write_leaves_no_temporary_file(tmp_path):
 def test_the_emulator_on_a_busy_port_is_one_error_line(gcs_emulator_url):
   port = gcs_emulator_url.rsplit(':', 1)[1]  # another emulator's
   proc = subprocess.run(
-      [sys.executable, '-m', 'storage.emulator', f'--port={port}'],
+      [sys.executable, '-m', 'meshfit.storage.emulator', f'--port={port}'],
       capture_output=True, text=True, timeout=60,
       cwd=os.path.dirname(os.path.dirname(__file__)))
   assert proc.returncode == 2, proc.stderr[-2000:]

@@ -18,9 +18,9 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from cli_helpers import override  # noqa: E402
 
-from configs import csv as csv_config  # noqa: E402
-from input_pipeline import csv_regression, order  # noqa: E402
-from input_pipeline.store import Store  # noqa: E402
+from meshfit.configs import csv as csv_config  # noqa: E402
+from meshfit.input_pipeline import csv_regression, order  # noqa: E402
+from meshfit.input_pipeline.store import Store  # noqa: E402
 from meshfit import config as config_lib
 from meshfit.data import splits as splits_lib
 from meshfit.report import writers

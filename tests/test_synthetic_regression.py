@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-import input_pipeline.synthetic_regression  # noqa: F401  Registers the builder.
+import meshfit.input_pipeline.synthetic_regression  # noqa: F401  Registers the builder.
 
 _NO_NETWORK = tfds.download.DownloadConfig(try_download_gcs=False)
 

@@ -1,4 +1,4 @@
-"""input_pipeline.table_files: reading users' files, checked."""
+"""meshfit.input_pipeline.table_files: reading users' files, checked."""
 
 import bz2
 import gzip
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from cli_helpers import small_frame as _frame, write_table as _write
 
-from input_pipeline import column_kinds, table_files
-from input_pipeline.errors import DataError
+from meshfit.input_pipeline import column_kinds, table_files
+from meshfit.input_pipeline.errors import DataError
 
 
 @pytest.mark.parametrize('suffix', ['.csv', '.parquet'])

@@ -1,4 +1,4 @@
-"""Tests for input_pipeline.tables: prepared TFDS split -> in-memory Table."""
+"""Tests for meshfit.input_pipeline.tables: prepared TFDS split -> in-memory Table."""
 
 import os
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-import input_pipeline.synthetic_regression  # noqa: F401  Registers the builder.
-from input_pipeline import tables
-from input_pipeline.errors import DataError
+import meshfit.input_pipeline.synthetic_regression  # noqa: F401  Registers the builder.
+from meshfit.input_pipeline import tables
+from meshfit.input_pipeline.errors import DataError
 
 
 @pytest.fixture(scope='module')
@@ -118,7 +118,7 @@ def test_table_rejects_mismatched_rows():
 
 
 def test_generated_datasets_match_the_builder(data_dir):
-  builder_cls = input_pipeline.synthetic_regression.SyntheticRegression
+  builder_cls = meshfit.input_pipeline.synthetic_regression.SyntheticRegression
   assert tables.GENERATED_DATASETS == tuple(
       f'{builder_cls.name}/{c.name}' for c in builder_cls.BUILDER_CONFIGS)
   for name in tables.GENERATED_DATASETS:

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from cli_helpers import ROOT, override, run_train
 
-from configs import csv as csv_config
-from input_pipeline.errors import DataError
+from meshfit.configs import csv as csv_config
+from meshfit.input_pipeline.errors import DataError
 from meshfit.errors import UsageError
 from meshfit.report import writers
 from meshfit.serve import evaluate, predict

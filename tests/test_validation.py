@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from cli_helpers import regression_frame
-from configs import csv as csv_config
-from input_pipeline import order, tables
-from input_pipeline.errors import DataError
+from meshfit.configs import csv as csv_config
+from meshfit.input_pipeline import order, tables
+from meshfit.input_pipeline.errors import DataError
 from meshfit import config as config_lib
 from meshfit.data import splits as splits_lib
 from meshfit.train.validation import BestTracker

@@ -22,7 +22,7 @@ import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_array, check_is_fitted, validate_data
 
-from configs import csv, default
+from meshfit.configs import csv, default
 from meshfit.api import fitting
 from meshfit.api.model import Model
 from meshfit.errors import UsageError

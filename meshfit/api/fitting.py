@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import ml_collections
 
-import storage
+from meshfit import storage
 from meshfit.api import console, settings
 from meshfit.api.model import Model
 from meshfit.errors import UsageError

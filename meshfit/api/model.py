@@ -16,8 +16,8 @@ import jax
 import ml_collections
 import numpy as np
 
-import storage
-from input_pipeline.column_plan import ColumnPlan
+from meshfit import storage
+from meshfit.input_pipeline.column_plan import ColumnPlan
 from meshfit import config as config_lib
 from meshfit.api import console, runs, settings
 from meshfit.checkpoints import reading

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 import jax
 import ml_collections
 
-import storage
+from meshfit import storage
 from meshfit.checkpoints import workdir_lock
 from meshfit.config import json_files
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import ml_collections
 
-import storage
-from input_pipeline import table_files
-from input_pipeline.paths import expand
+from meshfit import storage
+from meshfit.input_pipeline import table_files
+from meshfit.input_pipeline.paths import expand
 from meshfit import config as config_lib
 from meshfit.errors import UsageError
 
@@ -62,7 +62,7 @@ def resolve_config(config: str | ml_collections.ConfigDict | Mapping | None
       a dict of dotted keys (`{'model.hidden_sizes': (64, 64)}`) over
       configs/csv.py.
   """
-  from configs import csv  # noqa: PLC0415
+  from meshfit.configs import csv  # noqa: PLC0415
   if config is None:
     return csv.get_config()
   if isinstance(config, (str, os.PathLike)):

@@ -31,8 +31,8 @@ from absl import logging
 from jax.experimental import multihost_utils
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-import storage
-from storage import gcs
+from meshfit import storage
+from meshfit.storage import gcs
 from meshfit.errors import UsageError
 from meshfit.model.state import TrainState
 

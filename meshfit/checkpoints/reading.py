@@ -8,8 +8,8 @@ import ml_collections
 from absl import logging
 from jax.sharding import Mesh
 
-from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.errors import DataError
+from meshfit.input_pipeline.column_plan import ColumnPlan
+from meshfit.input_pipeline.errors import DataError
 from meshfit import config as config_lib
 from meshfit.checkpoints import checkpointer
 from meshfit.config import Config, json_files

@@ -31,7 +31,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-import storage
+from meshfit import storage
 from meshfit.errors import UsageError
 
 LOCK_NAME = 'lock'

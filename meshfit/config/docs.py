@@ -10,8 +10,8 @@ declarations differ.
 import pathlib
 import sys
 
-from configs import default
-from configs.settings import EVAL, INVOKER, NEVER, RESUME, Setting
+from meshfit.configs import default
+from meshfit.configs.settings import EVAL, INVOKER, NEVER, RESUME, Setting
 
 USAGE = pathlib.Path(__file__).resolve().parents[2] / 'docs' / 'usage.md'
 BEGIN = ('<!-- settings table: made from configs/default.py by '

@@ -11,9 +11,9 @@ from typing import Any
 
 import ml_collections
 
-import storage
-from configs import default
-from configs.settings import EVAL, INVOKER, RESUME
+from meshfit import storage
+from meshfit.configs import default
+from meshfit.configs.settings import EVAL, INVOKER, RESUME
 from meshfit.config import Config, spellings
 from meshfit.errors import UsageError
 from meshfit.parallel import sharding

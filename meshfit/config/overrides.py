@@ -13,7 +13,7 @@ import ml_collections
 from absl import flags, logging
 from ml_collections.config_flags import config_path, tuple_parser
 
-from configs import default
+from meshfit.configs import default
 from meshfit.config import spellings
 from meshfit.errors import UsageError
 

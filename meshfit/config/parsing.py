@@ -13,14 +13,14 @@ from typing import Any
 
 from absl import logging
 
-from input_pipeline import csv_regression
+from meshfit.input_pipeline import csv_regression
 from meshfit.config import spellings
 from meshfit.config.schema import (SETTINGS, Config, DatasetConfig,
                                    SweepConfig, build)
 from meshfit.errors import UsageError
 from meshfit.parallel import sharding
-from models import mlp
-from models.mlp import MlpConfig
+from meshfit.models import mlp
+from meshfit.models.mlp import MlpConfig
 
 
 def parse(raw: Mapping[str, Any] | Config) -> Config:

@@ -13,10 +13,10 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from configs import default
-from configs.settings import Setting
+from meshfit.configs import default
+from meshfit.configs.settings import Setting
 from meshfit.errors import UsageError
-from models.mlp import MlpConfig
+from meshfit.models.mlp import MlpConfig
 
 SETTINGS: dict[str, Setting] = {s.key: s for s in default.SETTINGS}
 

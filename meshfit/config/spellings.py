@@ -11,7 +11,7 @@ still load: `translate` reads them as the keys of now.
 from collections.abc import Mapping
 from typing import Any
 
-from configs import default
+from meshfit.configs import default
 from meshfit.errors import UsageError
 
 # Each old key and the key that replaced it, as declared.

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from models.mlp import InputShape
+from meshfit.models.mlp import InputShape
 
 # Quantiles of each number kept for the quantile scaling (interpolated).
 NUM_QUANTILES = 128

@@ -3,7 +3,7 @@
 Each process prepares only the rows that its own devices hold under the
 batch sharding and hands them to `jax.make_array_from_process_local_data`,
 which assembles the global array. Which examples a batch holds is decided by
-`input_pipeline.order`, the same on any number of processes and devices.
+`meshfit.input_pipeline.order`, the same on any number of processes and devices.
 
 Training runs several steps per jitted call, so the feed hands out chunks of
 batches. A table that fits is copied once to every device (resident) and a
@@ -25,8 +25,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from input_pipeline.order import Blocks, ExampleOrder, Prefetcher
-from input_pipeline.tables import Table
+from meshfit.input_pipeline.order import Blocks, ExampleOrder, Prefetcher
+from meshfit.input_pipeline.tables import Table
 from meshfit.parallel import sharding
 
 Chunk = dict[str, jax.Array | np.ndarray]
@@ -35,8 +35,8 @@ MIN_PADDED_ROWS = 128
 
 
 class Rows(Protocol):
-  """A training table: `input_pipeline.tables.Table` (in memory) or
-  `input_pipeline.store.Store` (prepared on disk)."""
+  """A training table: `meshfit.input_pipeline.tables.Table` (in memory) or
+  `meshfit.input_pipeline.store.Store` (prepared on disk)."""
   num_examples: int
   nbytes: int
 

@@ -7,14 +7,14 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-import storage
-from input_pipeline import column_plan, csv_regression, table_files, tables
-from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.errors import DataError
-from input_pipeline.order import Blocks, fold_blocks, hold_out_blocks
-from input_pipeline.paths import expand, named
-from input_pipeline.store import Store
-from input_pipeline.tables import Table
+from meshfit import storage
+from meshfit.input_pipeline import column_plan, csv_regression, table_files, tables
+from meshfit.input_pipeline.column_plan import ColumnPlan
+from meshfit.input_pipeline.errors import DataError
+from meshfit.input_pipeline.order import Blocks, fold_blocks, hold_out_blocks
+from meshfit.input_pipeline.paths import expand, named
+from meshfit.input_pipeline.store import Store
+from meshfit.input_pipeline.tables import Table
 from meshfit.config import Config, DatasetConfig
 
 # Mixed into the seed of the validation split, so that it is drawn apart

@@ -7,13 +7,13 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from input_pipeline.tables import Table
+from meshfit.input_pipeline.tables import Table
 from meshfit.data import feeding
 from meshfit.model import (metrics, optim, state as state_lib, forward,
                            uncertainty)
 from meshfit.model.setup import Setup
 from meshfit.parallel import in_flight, sharding
-from models import mlp
+from meshfit.models import mlp
 
 
 def predict_table(setup: Setup, state: state_lib.TrainState,

@@ -17,7 +17,7 @@ from flax import struct
 
 from meshfit.config import Config, OptimizerConfig
 from meshfit.parallel import programs
-from models.mlp import FITTED, VOCABULARY
+from meshfit.models.mlp import FITTED, VOCABULARY
 
 
 @struct.dataclass

@@ -33,7 +33,7 @@ from meshfit.data import features, splits as splits_lib
 from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.model.setup import Setup
 from meshfit.model.state import TrainState
-from models import mlp
+from meshfit.models import mlp
 
 # The fit reads at most this many rows (of the training table, and of the
 # validation rows): every k-th row beyond it. A linear model of up to

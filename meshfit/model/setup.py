@@ -13,7 +13,7 @@ from meshfit.config import Config, MeshConfig, OptimizerConfig
 from meshfit.data.features import InputLayout
 from meshfit.model import optim, state as state_lib
 from meshfit.parallel import sharding
-from models.mlp import MlpConfig
+from meshfit.models.mlp import MlpConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.model.metrics import TrainMetrics
 from meshfit.model.optim import Hyperparameters
 from meshfit.parallel import programs, sharding
-from models.mlp import Mlp, MlpConfig
+from meshfit.models.mlp import Mlp, MlpConfig
 
 
 @struct.dataclass

@@ -24,13 +24,13 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from input_pipeline.column_plan import UNKNOWN_CODE
-from input_pipeline.tables import Table
+from meshfit.input_pipeline.column_plan import UNKNOWN_CODE
+from meshfit.input_pipeline.tables import Table
 from meshfit.data import splits as splits_lib
 from meshfit.data.features import InputLayout
 from meshfit.model.setup import Setup
 from meshfit.model.state import TrainState
-from models import embeddings, mlp
+from meshfit.models import embeddings, mlp
 
 
 def _offsets(layout: InputLayout) -> np.ndarray:

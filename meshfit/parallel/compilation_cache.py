@@ -11,7 +11,7 @@ import os
 import jax
 from jax.experimental.compilation_cache import compilation_cache
 
-import storage
+from meshfit import storage
 
 # JAX by default writes only executables that took a second or more to
 # compile; an MLP's train step compiles in a fraction of that, yet those

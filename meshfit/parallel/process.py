@@ -6,7 +6,7 @@ Imports neither jax nor gcsfs: it must run before them.
 
 import os
 
-import storage
+from meshfit import storage
 from meshfit.parallel import xla_flags
 
 

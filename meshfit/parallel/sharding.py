@@ -24,7 +24,7 @@ from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from meshfit.errors import UsageError
-from models import embeddings, mlp
+from meshfit.models import embeddings, mlp
 
 MEMBERS = 'members'
 DATA = 'data'

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-import storage
+from meshfit import storage
 from meshfit.report import writers
 
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ from tensorboard.plugins.scalar import metadata as scalar_metadata
 from tensorboard.summary.writer.record_writer import RecordWriter
 from tensorboard.util import tensor_util
 
-import storage
+from meshfit import storage
 
 # On gs:// (no append) a flush uploads the whole file again: writers there
 # flush at most this often between the loop's own flushes (evaluations, the

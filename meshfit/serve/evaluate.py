@@ -10,8 +10,8 @@ import jax
 import ml_collections
 import numpy as np
 
-import storage
-from input_pipeline.tables import Table
+from meshfit import storage
+from meshfit.input_pipeline.tables import Table
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
 from meshfit.config import Config, json_files

@@ -37,8 +37,8 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-import storage
-from input_pipeline.column_plan import ColumnPlan
+from meshfit import storage
+from meshfit.input_pipeline.column_plan import ColumnPlan
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
 from meshfit.config import Config

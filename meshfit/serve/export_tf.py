@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from input_pipeline import cells, column_plan
-from input_pipeline.column_plan import ColumnPlan
+from meshfit.input_pipeline import cells, column_plan
+from meshfit.input_pipeline.column_plan import ColumnPlan
 
 SIGNATURE = 'serving_default'
 # Names a signature cannot take as they are: Python's keywords, and 'self',

@@ -9,10 +9,10 @@ from collections.abc import Sequence
 import jax
 from absl import logging
 
-import storage
-from input_pipeline import cells, column_plan, csv_regression
-from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.errors import DataError
+from meshfit import storage
+from meshfit.input_pipeline import cells, column_plan, csv_regression
+from meshfit.input_pipeline.column_plan import ColumnPlan
+from meshfit.input_pipeline.errors import DataError
 from meshfit.checkpoints import reading
 from meshfit.config import Config
 from meshfit.data import splits as splits_lib

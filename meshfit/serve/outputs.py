@@ -4,7 +4,7 @@ read, and never into a path that cannot take the output."""
 import os
 import posixpath
 
-import storage
+from meshfit import storage
 from meshfit.errors import UsageError
 
 # A workdir's own entries (README's outputs table): an output there would

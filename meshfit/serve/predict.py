@@ -18,8 +18,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-import storage
-from input_pipeline import column_plan, table_files
+from meshfit import storage
+from meshfit.input_pipeline import column_plan, table_files
 from meshfit import config as config_lib
 from meshfit.checkpoints import reading
 from meshfit.config import Config

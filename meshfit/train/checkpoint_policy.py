@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-import storage
+from meshfit import storage
 from meshfit.checkpoints import checkpointer
 from meshfit.model import state as state_lib
 from meshfit.parallel import programs

@@ -18,8 +18,8 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-import storage
-from input_pipeline.tables import Table
+from meshfit import storage
+from meshfit.input_pipeline.tables import Table
 from meshfit import config as config_lib
 from meshfit.checkpoints import checkpointer, reading, workdir_lock
 from meshfit.config import json_files, sizing
@@ -36,7 +36,7 @@ from meshfit.train.loss_watch import LossWatch, NonFiniteLossError
 from meshfit.train.preemption import Preempted, PreemptionWatch
 from meshfit.train.profiling import ProfileWindow
 from meshfit.train.validation import BestTracker
-from models import mlp
+from meshfit.models import mlp
 
 # Called after each train call is dispatched, with the step it reaches and
 # its losses, K steps x M members (a benchmark's or a test's view into the

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-import storage
+from meshfit import storage
 from meshfit.parallel.in_flight import InFlight
 
 

@@ -6,7 +6,7 @@ import tempfile
 import jax
 from absl import logging
 
-import storage
+from meshfit import storage
 from meshfit.train.loss_watch import LossWatch
 
 

@@ -8,8 +8,8 @@ a damaged one is skipped and set aside once an older one restored.
 
 from absl import logging
 
-from input_pipeline.column_plan import ColumnPlan
-from input_pipeline.order import block_rows
+from meshfit.input_pipeline.column_plan import ColumnPlan
+from meshfit.input_pipeline.order import block_rows
 from meshfit.checkpoints import checkpointer, reading
 from meshfit.config import Config, json_files
 from meshfit.data import splits as splits_lib
@@ -19,7 +19,7 @@ from meshfit.model import (optim, ridge_fit, state as state_lib,
                            vocabulary_fit)
 from meshfit.model.setup import Setup
 from meshfit.train.validation import BestTracker
-from models import mlp
+from meshfit.models import mlp
 
 
 def restore_or_init(config: Config, setup: Setup,
