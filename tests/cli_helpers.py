@@ -2,6 +2,8 @@
 small tables."""
 
 import os
+import random
+import socket
 import subprocess
 import sys
 
@@ -9,6 +11,24 @@ import numpy as np
 import pandas as pd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port(lo: int | None = None, hi: int | None = None) -> int:
+  """A port free on this host now: any the system gives, or one in
+  [lo, hi) (SLURM's own ports, the range jax derives from a job id)."""
+  if lo is None:
+    with socket.socket() as s:
+      s.bind(('127.0.0.1', 0))
+      return s.getsockname()[1]
+  for _ in range(200):
+    port = random.randrange(lo, hi)
+    with socket.socket() as s:
+      try:
+        s.bind(('', port))
+      except OSError:
+        continue
+      return port
+  raise RuntimeError(f'no free port in {lo}..{hi - 1}')
 
 
 def run_train(*args: str, devices: int = 8,

@@ -8,13 +8,14 @@ under CI (CI=true) they fail instead.
 """
 
 import os
-import random
 import shutil
 import socket
 import subprocess
 import time
 
 import pytest
+
+from cli_helpers import free_port
 
 CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'slurm',
                       'slurm.conf')
@@ -44,18 +45,6 @@ def require() -> None:
   if os.environ.get('CI') == 'true':
     pytest.fail(f'CI must run the SLURM tests: {reason}')
   pytest.skip(reason)
-
-
-def _free_port(lo: int = 20000, hi: int = 60000) -> int:
-  for _ in range(200):
-    port = random.randrange(lo, hi)
-    with socket.socket() as s:
-      try:
-        s.bind(('', port))
-      except OSError:
-        continue
-      return port
-  raise RuntimeError(f'no free port in {lo}..{hi}')
 
 
 def _node_name() -> str:
@@ -92,9 +81,10 @@ class Cluster:
     with open(CONFIG, encoding='utf-8') as f:
       config = f.read().format(
           host=host, dir=directory, cpus=cpus,
-          controller_port=_free_port(), node_port=_free_port(),
+          controller_port=free_port(20000, 60000),
+          node_port=free_port(20000, 60000),
           # Its first job's coordinator port (jax's job id % 4096) is free.
-          first_job_id=_free_port(_JAX_PORTS, 65536) - _JAX_PORTS + 4096)
+          first_job_id=free_port(_JAX_PORTS, 65536) - _JAX_PORTS + 4096)
     self.config = os.path.join(directory, 'slurm.conf')
     with open(self.config, 'w', encoding='utf-8') as f:
       f.write(config)

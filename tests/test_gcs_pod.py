@@ -12,7 +12,6 @@ tests/test_gcs_runs.py).
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+
+from cli_helpers import free_port
 
 from meshfit import storage
 from meshfit.report import writers
@@ -30,17 +31,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMEOUT_S = 300
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 class _Pod:
   """Two train.py processes, each with local directories of its own."""
 
   def __init__(self, tmp_path, name: str, args: list[str]):
-    port = _free_port()
+    port = free_port()
     self.procs, self.logs = [], []
     for i in range(2):
       home = tmp_path / f'{name}-vm{i}'

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from meshfit import storage
-from cli_helpers import ROOT, run_train
+from cli_helpers import ROOT, free_port, run_train
 from meshfit.checkpoints import reading, workdir_lock
 from meshfit.errors import UsageError
 from meshfit.parallel import programs
@@ -274,7 +274,7 @@ class _Link:
   def __init__(self, target_url: str):
     host, port = target_url.rsplit('//', 1)[1].split(':')
     self._target = (host, int(port))
-    self.port = _free_port()
+    self.port = free_port()
     self.url = f'http://127.0.0.1:{self.port}'
     self._conns: list[socket.socket] = []
     self._server: socket.socket | None = None
@@ -321,12 +321,6 @@ class _Link:
         pass
       s.close()
     self._conns = []
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 @pytest.mark.slow

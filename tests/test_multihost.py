@@ -11,7 +11,6 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from collections.abc import Callable
 
 import pytest
 
-from cli_helpers import override
+from cli_helpers import free_port, override
 from meshfit.configs import default
 from meshfit.report import writers
 from meshfit.train import loop
@@ -48,12 +47,6 @@ OVERRIDES = {
     'checkpoint_every_steps': 10,
     'mesh.model': 2,
 }
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def _flags(data_dir: str, **changes) -> list[str]:
@@ -100,19 +93,6 @@ def open_mpi_variables(i: int, n: int, port: int) -> dict[str, str]:
           'OMPI_COMM_WORLD_LOCAL_RANK': str(i)}
 
 
-def _free_scheduler_port() -> int:
-  """A free port of the 4096 that jax derives from a job id."""
-  for _ in range(100):
-    port = random.randrange(61440, 65536)
-    with socket.socket() as s:
-      try:
-        s.bind(('', port))
-      except OSError:
-        continue
-    return port
-  raise RuntimeError('no free port in 61440..65535')
-
-
 class Job:
   """N train.py processes joined through a coordinator on a free port,
   given by the flags or by a scheduler's variables."""
@@ -121,7 +101,7 @@ class Job:
                devices_per_process: int, args: list[str],
                scheduler: Scheduler | None = None):
     os.makedirs(logdir, exist_ok=True)
-    port = _free_port() if scheduler is None else _free_scheduler_port()
+    port = free_port() if scheduler is None else free_port(61440, 65536)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(('SLURM_', 'OMPI_'))}
     env['XLA_FLAGS'] = ('--xla_force_host_platform_device_count='

@@ -6,14 +6,10 @@ import time
 
 import pytest
 
+from cli_helpers import free_port
+
 from meshfit.errors import UsageError
 from meshfit.parallel import rendezvous
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
 
 
 def _meet_all(address: str, ids: list[int], num_processes: int,
@@ -37,7 +33,7 @@ def _meet_all(address: str, ids: list[int], num_processes: int,
 
 
 def test_every_process_meets_and_the_port_is_free_again():
-  port = _free_port()
+  port = free_port()
   start = time.monotonic()
   assert _meet_all(f'127.0.0.1:{port}', [2, 1, 0], 3, 30) == [None] * 3
   assert time.monotonic() - start < 5
@@ -48,7 +44,7 @@ def test_every_process_meets_and_the_port_is_free_again():
 
 def test_a_coordinator_that_never_answers_is_an_error_in_time():
   start = time.monotonic()
-  [error] = _meet_all(f'127.0.0.1:{_free_port()}', [1], 2, 1)
+  [error] = _meet_all(f'127.0.0.1:{free_port()}', [1], 2, 1)
   assert 1 <= time.monotonic() - start < 3
   assert 'the coordinator 127.0.0.1:' in str(error)
   assert ('of job 7 did not answer process 1 within '
@@ -57,7 +53,7 @@ def test_a_coordinator_that_never_answers_is_an_error_in_time():
 
 def test_processes_that_never_come_are_named_in_time():
   start = time.monotonic()
-  host, visitor = _meet_all(f'127.0.0.1:{_free_port()}', [0, 2], 4, 1)
+  host, visitor = _meet_all(f'127.0.0.1:{free_port()}', [0, 2], 4, 1)
   assert 1 <= time.monotonic() - start < 3
   assert visitor is not None  # process 0 never answered it
   assert str(host).startswith(
@@ -65,7 +61,7 @@ def test_processes_that_never_come_are_named_in_time():
 
 
 def test_two_processes_with_one_id_are_told_so():
-  outcome = _meet_all(f'127.0.0.1:{_free_port()}', [0, 1, 1], 3, 2)
+  outcome = _meet_all(f'127.0.0.1:{free_port()}', [0, 1, 1], 3, 2)
   messages = [str(e) for e in outcome]
   # Process 0 admits one of them, tells the other, and waits for process 2.
   assert messages[0].startswith('process 2 of the 3 of job 7 did not reach')
