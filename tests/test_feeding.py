@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from meshfit.input_pipeline import order, tables
-from meshfit.data import feeding
+from meshfit.data import feeding, row_order
 from meshfit.parallel import sharding
 
 N, F = 100, 3
@@ -50,15 +50,13 @@ def _batches(table, mesh, num, member=0, **kwargs):
 
 
 def test_each_epoch_visits_every_example_once(table):
-  """4 lanes of 25 rows (input_pipeline/order.py): lane l's epoch is batch
-  entries [4l, 4l + 4) of 6.25 batches."""
+  """A table in memory: each epoch is N consecutive entries of the stream,
+  every row once, in an order of its own."""
   batches, _ = _batches(table, sharding.make_mesh(8, 1), 25)  # 4 epochs
-  ys_KxB = np.stack([b['y'][:, 0] for b in batches]).astype(int)
-  lanes = ys_KxB.reshape(25, 4, 4).transpose(1, 0, 2).reshape(4, 100)
+  stream = np.concatenate([b['y'][:, 0] for b in batches]).astype(int)
   for epoch in range(4):
-    assert sorted(lanes[:, epoch * 25:(epoch + 1) * 25].ravel()) == list(
-        range(N))
-  assert not np.array_equal(lanes[:, :25], lanes[:, 25:50])  # reshuffled
+    assert sorted(stream[epoch * N:(epoch + 1) * N]) == list(range(N))
+  assert not np.array_equal(stream[:N], stream[N:2 * N])  # reshuffled
 
 
 def test_rows_stay_paired(table):
@@ -96,29 +94,44 @@ def test_restarting_at_a_position_continues_the_stream(table):
     np.testing.assert_array_equal(a['x'], b['x'])
 
 
+def _device_rows(feed, chunk):
+  """The rows the training call computes on the devices from a resident
+  chunk (K x M x B)."""
+  mesh = feed.chunk_sharding.mesh
+  return np.asarray(jax.jit(row_order.device_rows, static_argnums=1)(
+      chunk, mesh))
+
+
 def test_chunks_are_sharded_over_data_along_the_batch(table):
   mesh = sharding.make_mesh(4, 2)
-  for resident, name, shape in ((False, 'x', (3, 1, 4, F)),
-                                (True, 'idx', (3, 1, 4))):
-    feed = _feed(table, mesh, steps_per_call=3, resident=resident)
-    _, chunk = next(_chunks(feed, steps_per_call=3))
-    feed.close()
-    assert feed.chunk_sharding.spec == P(None, 'members', 'data')
-    if resident:
-      # One process: numpy indices, for the jitted call to place as
-      # chunk_sharding says (several processes get global arrays).
-      assert isinstance(chunk[name], np.ndarray)
-      assert chunk[name].shape == (3, 1, 16)
-      chunk[name] = jax.device_put(chunk[name], feed.chunk_sharding)
-    assert chunk[name].sharding == feed.chunk_sharding
-    assert {s.data.shape for s in chunk[name].addressable_shards} == {shape}
+  feed = _feed(table, mesh, steps_per_call=3)
+  _, chunk = next(_chunks(feed, steps_per_call=3))
+  feed.close()
+  assert feed.chunk_sharding.spec == P(None, 'members', 'data')
+  assert chunk['x'].sharding == feed.chunk_sharding
+  assert {s.data.shape for s in chunk['x'].addressable_shards} == {
+      (3, 1, 4, F)}
+  feed = _feed(table, mesh, steps_per_call=3, resident=True)
+  _, chunk = next(_chunks(feed, steps_per_call=3))
+  feed.close()
+  # One process: where each member stands, as numpy int32s for the jitted
+  # call to place (several processes get global arrays); the rest is on the
+  # devices already, and the rows the devices make are split like a batch.
+  assert {k: (type(v), v.dtype, v.shape) for k, v in chunk.items()
+          if k != 'order'} == {'epoch_M': (np.ndarray, np.int32, (1,)),
+                               'offset_M': (np.ndarray, np.int32, (1,))}
+  assert all(isinstance(a, jax.Array) for a in chunk['order'].values())
+  rows = jax.jit(row_order.device_rows, static_argnums=1)(chunk, mesh)
+  assert rows.shape == (3, 1, 16)
+  assert rows.sharding.is_equivalent_to(feed.chunk_sharding, 3)
+  assert {s.data.shape for s in rows.addressable_shards} == {(3, 1, 4)}
 
 
-def test_resident_indices_name_the_streamed_rows(table):
+def test_the_devices_make_the_rows_the_host_streams(table):
   mesh = sharding.make_mesh(4, 2)
-  sizes = [5, 2, 5, 1]
-  streamed = _feed(table, mesh, steps_per_call=5)
-  resident = _feed(table, mesh, steps_per_call=5, resident=True)
+  sizes = [5, 2, 5, 1, 5, 5, 5]  # past an epoch of 100 rows
+  streamed = _feed(table, mesh, steps_per_call=5, members=2)
+  resident = _feed(table, mesh, steps_per_call=5, resident=True, members=2)
   streamed_chunks, resident_chunks = streamed.chunks(sizes), resident.chunks(
       sizes)
   try:
@@ -128,12 +141,11 @@ def test_resident_indices_name_the_streamed_rows(table):
     np.testing.assert_array_equal(x[:N], table[0])
     assert not x[N:].any()
     for size in sizes:
-      (n, rows), (m, idx) = next(streamed_chunks), next(resident_chunks)
+      (n, rows), (m, chunk) = next(streamed_chunks), next(resident_chunks)
       assert n == m == size
-      np.testing.assert_array_equal(
-          x[np.asarray(idx['idx'])[:n]], np.asarray(rows['x'])[:n])
-      # Padding past num_steps (never read by the step): row 0, zeros.
-      assert not np.asarray(idx['idx'])[n:].any()
+      idx = _device_rows(resident, chunk)
+      np.testing.assert_array_equal(x[idx[:n]], np.asarray(rows['x'])[:n])
+      # Padding past num_steps (never read by the step): zeros.
       assert not np.asarray(rows['x'])[n:].any()
     assert streamed.position == resident.position == sum(sizes) * 16
     with pytest.raises(StopIteration):
@@ -174,10 +186,8 @@ def test_each_member_reads_its_own_stream(table):
   np.testing.assert_array_equal(ys[1], ys[0])
   assert not np.array_equal(ys[2], ys[1])
   assert not np.array_equal(ys[3], ys[2])
-  lanes = ys[3].reshape(25, 4, 4).transpose(1, 0, 2).reshape(4, 100)
   for epoch in range(4):
-    assert sorted(lanes[:, epoch * 25:(epoch + 1) * 25].ravel()) == list(
-        range(N))
+    assert sorted(ys[3][epoch * N:(epoch + 1) * N]) == list(range(N))
   five, _ = _batches(table, mesh, 25, member=2, members=5)
   np.testing.assert_array_equal(
       np.concatenate([b['y'][:, 0] for b in five]).astype(int), ys[3])
@@ -197,7 +207,7 @@ def test_cross_fitted_members_read_only_their_own_rows(table, resident):
       _, chunk = next(chunks)
       for m in range(4):
         if resident:
-          rows[m].extend(np.asarray(chunk['idx'])[0, m].tolist())
+          rows[m].extend(_device_rows(feed, chunk)[0, m].tolist())
         else:
           rows[m].extend(np.asarray(chunk['y'])[0, m, :, 0].astype(int))
   finally:

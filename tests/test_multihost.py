@@ -484,9 +484,11 @@ def parquet_table(tmp_path_factory) -> dict[str, object]:
 
 def test_a_streamed_table_trains_on_2x4_as_on_1x8_and_as_resident(
     tmp_path_factory, parquet_table):
-  """2 x 4 streamed (each process preparing and reading its share) logs
-  the losses of 1 x 8 streamed; on each topology streamed and resident
-  log the same, bit for bit."""
+  """2 x 4 streamed from disk (each process preparing and reading its
+  share) logs the losses of 1 x 8 streamed; 2 x 4 resident (each process's
+  devices making their own batches' rows) logs those of 1 x 8 resident. The
+  two orders differ (blocks read from disk, rows of a table in memory) and
+  train alike."""
   runs, jobs = {}, {}
   try:
     for name, processes, mb in (('2x4', 2, 0), ('2x4_resident', 2, 1024),
@@ -516,5 +518,10 @@ def test_a_streamed_table_trains_on_2x4_as_on_1x8_and_as_resident(
   _assert_close(_scalars(runs['2x4'], 'val/loss'),
                 _scalars(runs['1x8'], 'val/loss'))
   for name in ('train/loss', 'val/loss', 'eval/rmse'):
-    assert _scalars(runs['1x8_resident'], name) == _scalars(runs['1x8'], name)
-    assert _scalars(runs['2x4_resident'], name) == _scalars(runs['2x4'], name)
+    _assert_close(_scalars(runs['2x4_resident'], name),
+                  _scalars(runs['1x8_resident'], name))
+  assert (_scalars(runs['1x8_resident'], 'train/loss')
+          != _scalars(runs['1x8'], 'train/loss'))
+  resident, streamed = (list(_scalars(runs[name], 'eval/rmse').values())[-1]
+                        for name in ('1x8_resident', '1x8'))
+  assert resident == pytest.approx(streamed, rel=0.2)

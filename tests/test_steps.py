@@ -227,7 +227,7 @@ def test_members_on_their_own_devices_exchange_nothing_while_they_train(
   table = steps.jit_encode(mesh, layout)(state.stats, feed.device_table())
   _, chunk = next(feed.chunks([8]))
   feed.close()
-  lowered = step_fn.jitted.lower(state, table, chunk, np.int32(8))
+  lowered = step_fn.jitted_resident.lower(state, table, chunk, np.int32(8))
   hlo = lowered.compile().as_text()
   bodies = re.findall(r'while\(.*?body=(%?[\w.\-]+)', hlo)
   assert bodies, 'the steps run in a while loop'

@@ -6,15 +6,20 @@ which assembles the global array. Which examples a batch holds is decided by
 `meshfit.input_pipeline.order`, the same on any number of processes and devices.
 
 Training runs several steps per jitted call, so the feed hands out chunks of
-batches. A table that fits is copied once to every device (resident) and a
-chunk is then only its batches' row indices, which the devices gather; a
-larger table is streamed, the chunk holding the rows, prepared ahead by a
-thread from the windows of rows its lanes read (input_pipeline/order.py):
-a process reads only the blocks of its own lanes, one window per lane and
-member at a time (and the next, ahead), so its memory does not grow with the
-table. One process with a resident table hands the jitted call numpy
-indices, which the call places by its in_shardings: cheaper than making a
-global array first, and that was most of a call's host cost.
+batches. A table held in memory is read in the order of
+`meshfit.data.row_order` (each member's epoch a keyed bijection of its
+rows). If it also fits on every device it is copied there once (resident),
+and a chunk is then only each member's epoch and offset at the call's first
+step: the devices compute the batches' rows themselves inside the training
+call and gather them, so the host's part of a call does not grow with its
+steps, members or batch. A table held in memory but too large for the
+devices is streamed in the same order, its rows gathered on the host.
+
+A table too large for memory (prepared on disk) is streamed in the block
+order of input_pipeline/order.py, the chunk holding the rows, prepared ahead
+by a thread from the windows of rows its lanes read: a process reads only
+the blocks of its own lanes, one window per lane and member at a time (and
+the next, ahead), so its memory does not grow with the table.
 """
 
 import collections
@@ -25,6 +30,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from meshfit.data import row_order
 from meshfit.input_pipeline.order import Blocks, ExampleOrder, Prefetcher
 from meshfit.input_pipeline.tables import Table
 from meshfit.parallel import sharding
@@ -84,6 +90,12 @@ def padded_rows(rows: int) -> int:
   return -(-rows // step) * step
 
 
+def order_of(table: Rows) -> str:
+  """The order a table's batches are read in: 'rows' for a table in memory
+  (`row_order`), 'blocks' for one prepared on disk."""
+  return 'rows' if isinstance(table, Table) else 'blocks'
+
+
 def fits_on_device(table: Rows, limit_mb: int, copies: int = 1) -> bool:
   """Whether a training table is small enough to copy to every device:
   `copies` of it (CPU devices share their host's memory) within the
@@ -98,17 +110,21 @@ class TrainFeed:
   batches, one global batch per member from that member's own stream,
   padded to `steps_per_call`, in one of two forms:
 
-  - resident (`device_table()` was uploaded): `{'idx': idx_KxMxB}`, the
-    table rows of each batch; the jitted call gathers them from the table on
-    device, so a call moves K x M x B int32 to the devices, not the rows.
+  - resident (`device_table()` was uploaded): `{'order': ..., 'epoch_M',
+    'offset_M'}`, where each member's stream stands at the call's first
+    step; the jitted call computes the batches' rows from them
+    (`row_order.device_rows`) and gathers them from the table on device.
+    'order' is the same device arrays every call; `epoch_M` and `offset_M`
+    are numpy int32s for one process (placed by the call's in_shardings)
+    and replicated global arrays for several.
   - streamed: `{'x': x_KxMxBxF, 'y': y_KxMxBxT}`, the rows themselves, for
-    tables too large to hold on every device.
+    tables too large to hold on every device, global arrays sharded as
+    `chunk_sharding` (over 'members' and 'data').
 
-  Arrays are global, sharded as `chunk_sharding` (over 'members' and
-  'data'), except that the indices of a single process are numpy arrays,
-  for a jitted call with that in_sharding to place. `position` is the number
-  of stream entries (of each member's stream) in the chunks handed out so
-  far (prefetched ones do not count).
+  `order` is 'rows' for a table in memory (`row_order`, resident or not)
+  and 'blocks' for one prepared on disk (input_pipeline/order.py).
+  `position` is the number of stream entries (of each member's stream) in
+  the chunks handed out so far (prefetched ones do not count).
   """
 
   def __init__(self, table: Rows, *, batch_size: int, seed: int,
@@ -129,8 +145,7 @@ class TrainFeed:
       position: stream entries consumed before the first chunk.
       prefetch: chunks of a streamed table a thread prepares ahead (0: each
         when asked). A resident table's chunks are made when asked: they are
-        only indices, and handing them between threads costs more than
-        making them, while the devices run the previous call anyway.
+        two numbers per member.
       members: M, the ensemble's members, each reading its own stream.
       member_blocks: the rows each member trains on (M of them; cross-
         fitted members leave out their folds); default `blocks` for all.
@@ -142,68 +157,92 @@ class TrainFeed:
         sharding.member_batch_sharding(mesh), (members, batch_size))
     if member_blocks is None:
       member_blocks = [blocks] * members
-    self._orders = [ExampleOrder(member_blocks[m], batch_size, seed, m)
-                    for m in range(self._members.start, self._members.stop)]
-    self._windows = [_Windows(order, table, self._rows)
-                     for order in self._orders]
+    if resident and not isinstance(table, Table):
+      raise ValueError('only a table held in memory can be resident')
+    self.order = order_of(table)
+    if self.order == 'rows':
+      self._member_rows = row_order.MemberRows.of(member_blocks, seed)
+      self._local_order = {
+          name: a[self._members]
+          for name, a in self._member_rows.arrays().items()}
+    else:
+      orders = [ExampleOrder(member_blocks[m], batch_size, seed, m)
+                for m in range(self._members.start, self._members.stop)]
+      self._windows = [_Windows(order, table, self._rows)
+                       for order in orders]
     self._batch_size, self._num_members = batch_size, members
     self._k = steps_per_call
     self.resident = resident
     self.chunk_sharding = sharding.chunk_sharding(mesh)
     self._replicated = sharding.replicated(mesh)
+    self._device_order = None
     self.position = position
     self._next_produced = position
     self._prefetch = prefetch if not resident else 0
     self._prefetcher = (Prefetcher(self._produce, prefetch)
                         if self._prefetch else None)
 
-  @property
-  def num_examples(self) -> int:
-    return self._orders[0].num_examples
-
   def device_table(self) -> dict[str, jax.Array]:
     """The whole table on every device (resident mode): {'x', 'y'}, its
     rows padded with zeros to `padded_rows` (batches never gather them)."""
     rows = padded_rows(len(self._table.x_NxF))
-    return {name: jax.make_array_from_process_local_data(
-        self._replicated, padded, padded.shape)
+    return {name: self._replicate(padded)
             for name, table in (('x', self._table.x_NxF),
                                 ('y', self._table.y_NxT))
             for padded in [np.pad(table, ((0, rows - len(table)), (0, 0)))]}
 
-  def indices(self, position: int, num_batches: int = 1) -> np.ndarray:
+  def _replicate(self, a: np.ndarray) -> jax.Array:
+    return jax.make_array_from_process_local_data(self._replicated, a,
+                                                  a.shape)
+
+  def _order_on_devices(self) -> dict[str, jax.Array]:
+    """What the devices need to compute every member's batches (resident
+    mode), uploaded once."""
+    if self._device_order is None:
+      arrays = self._member_rows.arrays()
+      arrays['step_offset_K'] = (np.arange(self._k, dtype=np.int32)
+                                 * self._batch_size)
+      arrays['entry_B'] = np.arange(self._batch_size, dtype=np.int32)
+      self._device_order = {name: self._replicate(a)
+                            for name, a in arrays.items()}
+    return self._device_order
+
+  def host_rows(self, position: int, num_batches: int) -> np.ndarray:
     """Table rows of this process's part of `num_batches` steps' batches
-    (K x its members x its rows of each batch)."""
-    return np.stack([order.rows(position, num_batches, self._rows)
-                     for order in self._orders], axis=1)
+    from `position` (K x its members x its entries of each batch), in the
+    order the devices compute for a resident table."""
+    at = self._member_rows.stream_at(position)
+    return row_order.host_rows(
+        self._local_order, at['epoch_M'][self._members],
+        at['offset_M'][self._members], num_batches, self._batch_size,
+        self._rows)
 
   def _produce(self, num_steps: int) -> Chunk:
     position = self._next_produced
     self._next_produced += num_steps * self._batch_size
-    if not self.resident:
-      local = self._rows_of(position, num_steps)
+    if self.resident:
+      at = self._member_rows.stream_at(position)
+      if jax.process_count() > 1:
+        at = {name: self._replicate(a) for name, a in at.items()}
+      return {'order': self._order_on_devices(), **at}
+    rows_KxMxBxC = np.zeros((self._k, self._members.stop - self._members.start,
+                             self._rows.stop - self._rows.start,
+                             self._table.columns), np.float32)
+    if self.order == 'rows':
+      idx = self.host_rows(position, num_steps)
+      f = self._table.num_inputs
+      rows_KxMxBxC[:num_steps, ..., :f] = self._table.x_NxF[idx]
+      rows_KxMxBxC[:num_steps, ..., f:] = self._table.y_NxT[idx]
     else:
-      idx_KxMxB = np.zeros((self._k, len(self._orders),
-                            self._rows.stop - self._rows.start), np.int32)
-      idx_KxMxB[:num_steps] = self.indices(position, num_steps)
-      if jax.process_count() == 1:
-        return {'idx': idx_KxMxB}
-      local = {'idx': idx_KxMxB}
+      for m, windows in enumerate(self._windows):
+        rows_KxMxBxC[:num_steps, m] = windows.rows(position, num_steps)
+    f = self._table.num_inputs
+    local = {'x': np.ascontiguousarray(rows_KxMxBxC[..., :f]),
+             'y': np.ascontiguousarray(rows_KxMxBxC[..., f:])}
     return {name: jax.make_array_from_process_local_data(
         self.chunk_sharding, a,
         (self._k, self._num_members, self._batch_size) + a.shape[3:])
             for name, a in local.items()}
-
-  def _rows_of(self, position: int, num_steps: int) -> Chunk:
-    """This process's rows of the batches (streamed), K padded."""
-    rows_KxMxBxC = np.zeros((self._k, len(self._orders),
-                             self._rows.stop - self._rows.start,
-                             self._table.columns), np.float32)
-    for m, windows in enumerate(self._windows):
-      rows_KxMxBxC[:num_steps, m] = windows.rows(position, num_steps)
-    f = self._table.num_inputs
-    return {'x': np.ascontiguousarray(rows_KxMxBxC[..., :f]),
-            'y': np.ascontiguousarray(rows_KxMxBxC[..., f:])}
 
   def chunks(self, sizes: Iterable[int]) -> Iterator[tuple[int, Chunk]]:
     """(steps, chunk) for each call length of `sizes`, in order.
@@ -273,14 +312,9 @@ class _Windows:
     if key not in self._cache:
       order = self._order
       blocks = order.window_blocks(epoch, lane, window)
-      if isinstance(self._table, Table):  # in memory: one gather
-        index = order.blocks.take(blocks).rows()
-        rows = np.concatenate([self._table.x_NxF[index],
-                               self._table.y_NxT[index]], axis=1)
-      else:
-        rows = np.concatenate([
-            self._table.read_rows(int(order.blocks.start[b]),
-                                  int(order.blocks.stop[b])) for b in blocks])
+      rows = np.concatenate([
+          self._table.read_rows(int(order.blocks.start[b]),
+                                int(order.blocks.stop[b])) for b in blocks])
       self._cache[key] = rows[order.shuffle_windows(epoch, [blocks])[0]]
     return self._cache[key]
 

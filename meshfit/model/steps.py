@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from meshfit.data import features
+from meshfit.data import features, row_order
 from meshfit.data.features import FeatureStats, InputLayout
 from meshfit.model import uncertainty
 from meshfit.model.metrics import TrainMetrics
@@ -175,9 +175,11 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
   Args:
     state: the train state.
     table_z: the training table on every device, as `encode` returns it,
-      when the chunk holds row indices; else `{}`.
-    chunk: from `feeding.TrainFeed`: either `idx` (K x M x B table rows) or
-      K x M x B rows as `encode` returns them (`jit_encode_chunk`).
+      when the chunk is resident; else `{}`.
+    chunk: from `feeding.TrainFeed`: either where each member's stream
+      stands (`row_order.device_rows` makes the K x M x B table rows of its
+      batches from it, here on the devices) or K x M x B rows as `encode`
+      returns them (`jit_encode_chunk`).
     num_steps: how many of the chunk's K steps to train (int32 scalar).
     graphdef: one member's structure.
     member_tx: a member's optimizer from its hyperparameters.
@@ -190,6 +192,9 @@ def train_call(state: TrainState, table_z: Batch, chunk: Batch,
     `num_steps` are zero) and a copy of the new state's train metrics (read
     by the loop after the state itself has been donated to the next call).
   """
+  if 'offset_M' in chunk:
+    with jax.named_scope('order'):
+      chunk = {'idx': row_order.device_rows(chunk, batch_sharding.mesh)}
   k, m = (chunk['idx'] if 'idx' in chunk else chunk['y']).shape[:2]
   partitioned = batch_sharding.mesh.shape[sharding.MODEL] > 1
 
@@ -250,12 +255,15 @@ class TrainCall:
   inside the steps' program would let XLA fuse it there and round some
   inputs differently, and the two paths would train on different bits."""
 
-  def __init__(self, jitted, encode_chunk):
+  def __init__(self, jitted, jitted_resident, encode_chunk):
     self.jitted, self._encode_chunk = jitted, encode_chunk
+    self.jitted_resident = jitted_resident
 
   def __call__(self, state: TrainState, table_z: Batch, chunk: Batch,
                num_steps: Any
                ) -> tuple[TrainState, jax.Array, TrainMetrics]:
+    if 'offset_M' in chunk:
+      return self.jitted_resident(state, table_z, chunk, num_steps)
     if 'x' in chunk:
       chunk = self._encode_chunk(state.stats, chunk)
     return self.jitted(state, table_z, chunk, num_steps)
@@ -270,21 +278,29 @@ def jit_train_call(graphdef: nnx.GraphDef, layout: InputLayout,
                    ) -> TrainCall:
   """`train_call` jitted once: state donated, shardings pinned both ways.
 
-  The table keeps the sharding it arrives with (replicated); the chunk is
-  split over 'members' and 'data' (numpy chunks are placed so) and
-  `num_steps` (a numpy int32 will do) replicated.
+  The table keeps the sharding it arrives with (replicated), as does a
+  resident chunk's order; a streamed chunk is split over 'members' and
+  'data', and a resident chunk's `epoch_M` and `offset_M` (numpy int32s
+  will do) and `num_steps` are replicated. A jitted function compiles only
+  the forms it is called with.
   """
-  return TrainCall(jax.jit(
-      functools.partial(train_call, graphdef=graphdef,
-                        member_tx=member_tx, log_every_steps=log_every_steps,
-                        batch_sharding=sharding.member_batch_sharding(mesh),
-                        dropout=dropout),
-      in_shardings=(state_shardings, None,
-                    sharding.chunk_sharding(mesh),
-                    sharding.replicated(mesh)),
-      out_shardings=(state_shardings, sharding.replicated(mesh),
-                     state_shardings.train_metrics),
-      donate_argnums=0), jit_encode_chunk(mesh, layout))
+  def jitted(chunk_shardings):
+    return jax.jit(
+        functools.partial(
+            train_call, graphdef=graphdef, member_tx=member_tx,
+            log_every_steps=log_every_steps,
+            batch_sharding=sharding.member_batch_sharding(mesh),
+            dropout=dropout),
+        in_shardings=(state_shardings, None, chunk_shardings,
+                      sharding.replicated(mesh)),
+        out_shardings=(state_shardings, sharding.replicated(mesh),
+                       state_shardings.train_metrics),
+        donate_argnums=0)
+  replicated = sharding.replicated(mesh)
+  return TrainCall(
+      jitted(sharding.chunk_sharding(mesh)),
+      jitted({'order': None, 'epoch_M': replicated, 'offset_M': replicated}),
+      jit_encode_chunk(mesh, layout))
 
 
 @programs.memoize

@@ -308,7 +308,8 @@ def _checkpoint_meta(run: _Run, feed: feeding.TrainFeed,
   """The JSON side of a checkpoint made now: where the input stands, what
   the run trains on, and what validation has chosen and found."""
   splits = run.splits
-  return {'data_position': feed.position, 'config': run.config.to_dict(),
+  return {'data_position': feed.position, 'order': feed.order,
+          'config': run.config.to_dict(),
           'train_key': splits.train_key, 'validation': tracker.to_json(),
           **({'fold_rows': splits_lib.FOLD_ROWS} if splits.folds else {}),
           **evaluations.meta(),

@@ -12,7 +12,7 @@ from meshfit.input_pipeline.column_plan import ColumnPlan
 from meshfit.input_pipeline.order import block_rows
 from meshfit.checkpoints import checkpointer, reading
 from meshfit.config import Config, json_files
-from meshfit.data import splits as splits_lib
+from meshfit.data import feeding, splits as splits_lib
 from meshfit.data.features import FeatureStats
 from meshfit.errors import UsageError
 from meshfit.model import (optim, ridge_fit, state as state_lib,
@@ -49,6 +49,18 @@ def restore_or_init(config: Config, setup: Setup,
       continue
     ckpt.set_aside(damaged)
     logging.info('Resuming from the checkpoint of step %d.', step)
+    # A checkpoint without 'order' was written by a meshfit that read every
+    # table in the block order.
+    order, now = meta.get('order', 'blocks'), feeding.order_of(splits.train)
+    if order != now:
+      logging.warning(
+          'The checkpoint of step %d was trained reading its table in the '
+          '%s order and this run goes on in the %s order (%s): it trains '
+          'as well, but not on the batches the run would have read without '
+          'the interruption.', step, order, now,
+          'an older meshfit wrote it' if 'order' not in meta else
+          'dataset.resident_table_mb moved the table between memory and '
+          'disk')
     return (state, int(meta['data_position']),
             BestTracker.from_json(meta.get('validation'),
                                   config.early_stopping_evals))
