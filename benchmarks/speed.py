@@ -412,6 +412,55 @@ class MinimalJit(_UpdateLoop):
     self.run(2)
 
 
+class MembersJit(_UpdateLoop):
+  """The hand-written form of K members: their params stacked, one jitted,
+  donating step vmapped over them, each member's batch drawn on the
+  devices (uniform rows of the table held there), members split over the
+  devices as meshfit splits them and each batch over the rest."""
+
+  def __init__(self, size: Size, data: Data, members: int):
+    self.name = f'jit, {members} members, batches drawn on device'
+    split = math.gcd(members, jax.device_count())
+    mesh = jax.make_mesh((split, jax.device_count() // split),
+                         ('members', 'data'),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    by_member = NamedSharding(mesh, P('members'))
+    batches = NamedSharding(mesh, P('members', 'data'))
+    replicated = NamedSharding(mesh, P())
+    tx = optax.adam(LEARNING_RATE)
+    params = jax.tree.map(lambda *a: jnp.stack(a),
+                          *[_init_mlp(size, seed) for seed in range(members)])
+    self._params = jax.device_put(params, by_member)
+    self._opt_state = jax.device_put(jax.vmap(tx.init)(params), by_member)
+    x = jax.device_put(data.x_NxF, replicated)
+    y = jax.device_put(data.y_NxT, replicated)
+    update = jax.vmap(functools.partial(_adam_update,
+                                        dtype=jnp.dtype(jnp.float32), tx=tx))
+    shape = (members, size.batch_size)
+
+    def step(params, opt_state, i):
+      idx = jax.random.randint(jax.random.fold_in(jax.random.key(0), i),
+                               shape, 0, x.shape[0])
+      idx = jax.lax.with_sharding_constraint(idx, batches)
+      params, opt_state, loss = update(params, opt_state, x[idx], y[idx])
+      return params, opt_state, loss.mean()
+
+    self._step = jax.jit(step, donate_argnums=(0, 1))
+    self.run(2)
+
+  def run(self, num_steps: int) -> float:
+    pending = collections.deque()
+    start = time.perf_counter()
+    for i in range(num_steps):
+      self._params, self._opt_state, loss = self._step(
+          self._params, self._opt_state, np.int32(i))
+      pending.append(loss)
+      if len(pending) > 2:
+        jax.block_until_ready(pending.popleft())
+    jax.block_until_ready((self._params, loss))
+    return time.perf_counter() - start
+
+
 class Pmap(_UpdateLoop):
   """JAX 101: `pmap` with params replicated and gradients `pmean`'d."""
 
@@ -665,12 +714,14 @@ def size_report(size: Size, res: dict[str, Any],
 def members_section(size: Size, data: Data, members: Sequence[int],
                     workroot: str, repeats: int, peaks: dict[str, list[float]],
                     have_torch: bool) -> dict[str, Any]:
-  """For each ensemble size, meshfit as it runs and with every call waited
-  for (the device's time), interleaved."""
+  """For each ensemble size, meshfit as it runs, with every call waited
+  for (the device's time), and the hand-written jitted loop of as many
+  members (`MembersJit`), interleaved."""
   variants = {}
   for m in members:
     variants[m] = (Meshfit(size, data, workroot, members=m),
                    Meshfit(size, data, workroot, members=m, wait_every=True))
+  loops = {m: MembersJit(size, data, m) for m in members}
   flat = [v for pair in variants.values() for v in pair]
   if FLAGS.steps:
     counts = {v.name: FLAGS.steps for v in flat}
@@ -684,7 +735,10 @@ def members_section(size: Size, data: Data, members: Sequence[int],
   for v in flat:
     v.windows.clear()
     v.fixed_steps = counts[v.name]
-  rates, _ = run_rounds(flat, 0, repeats, peaks, have_torch, None)
+  for m, loop in loops.items():
+    loop.fixed_steps = counts[variants[m][0].name]
+  rates, _ = run_rounds(flat + list(loops.values()), 0, repeats, peaks,
+                        have_torch, None)
   rows = {}
   for m, (free, waited) in variants.items():
     fast = max(free.windows, key=lambda w: w['steps'] / w['seconds'])
@@ -696,6 +750,7 @@ def members_section(size: Size, data: Data, members: Sequence[int],
     rows[str(m)] = {
         'devices': free.config.mesh.members, 'steps': counts[free.name],
         'steps_per_s': rates[free.name],
+        'jit_steps_per_s': rates[loops[m].name],
         'host_us': host_us, 'device_us': max(min(waited_us), 0.0),
         'host_share': fast['host_seconds'] / fast['seconds'],
         'cores': fast['cpu_seconds'] / fast['seconds']}
@@ -719,7 +774,8 @@ def members_report(res: dict[str, Any], peak_f32: float) -> str:
                  _fmt(None if one_rate is None else rate * k / one_rate),
                  number(gflops), f'{100 * gflops / peak_f32:.1f}%',
                  f'{info["cores"]:.2f}', f'{host:,.1f}', f'{device:,.1f}',
-                 f'{100 * info["host_share"]:.0f}%'])
+                 f'{100 * info["host_share"]:.0f}%',
+                 _fmt(rate / max(info['jit_steps_per_s']))])
   return '\n'.join([
       f'\n### Members ({size.name}: {" -> ".join(map(str, size.layer_sizes))}'
       f', batch {size.batch_size} per member, {size.num_params:,} params per '
@@ -728,11 +784,13 @@ def members_report(res: dict[str, Any], peak_f32: float) -> str:
       'CPU / wall; host us/step is the loop thread\'s CPU time a step, '
       'host share that over the wall time of a step (near 100%: the host is '
       'the bound); device us/step is the wall time of a step with every '
-      'call waited for, less the host\'s.\n',
+      'call waited for, less the host\'s; x jit loop is steps/s over '
+      'that of the hand-written jitted loop of as many members, their '
+      'batches drawn on the devices (best rounds).\n',
       markdown_table(['members', 'devices', 'steps', 'steps/s', 'median',
                       'model-examples/s', 'x 1 member', 'GFLOP/s', 'of peak',
                       'cores busy', 'host us/step', 'device us/step',
-                      'host share'], rows)])
+                      'host share', 'x jit loop'], rows)])
 
 
 def first_minute(scratch: str) -> list[list[str]]:

@@ -129,7 +129,7 @@ def test_speed_reports_the_loops_side_by_side_and_members_host_share():
   assert members[0] == ['members', 'devices', 'steps', 'steps/s', 'median',
                         'model-examples/s', 'x 1 member', 'GFLOP/s',
                         'of peak', 'cores busy', 'host us/step',
-                        'device us/step', 'host share']
+                        'device us/step', 'host share', 'x jit loop']
   one, two = (dict(zip(members[0], row)) for row in members[2:])
   assert (one['members'], two['members']) == ('1', '2')
   assert one['x 1 member'] == '1.00x'
@@ -138,6 +138,7 @@ def test_speed_reports_the_loops_side_by_side_and_members_host_share():
   for row in (one, two):
     assert _number(row['host us/step']) > 0
     assert _number(row['device us/step']) >= 0
+    assert _number(row['x jit loop']) > 0
     assert 0 <= _number(row['host share']) <= 100
 
 
