@@ -164,6 +164,20 @@ def test_resident_tables_of_nearby_lengths_share_a_padded_length():
   assert len(set(lengths)) < 60
 
 
+def test_folds_of_nearby_lengths_give_the_training_call_one_shape():
+  """A cross-validation's folds train on a few rows more or fewer: the
+  arrays their resident chunks hand the training call have one shape."""
+  mesh = sharding.make_mesh(8, 1)
+  shapes = set()
+  for n in (800, 802, 808):
+    x, y = np.zeros((n, F), np.float32), np.zeros((n, 1), np.float32)
+    feed = _feed((x, y), mesh, members=5, resident=True, steps_per_call=4)
+    _, chunk = next(feed.chunks([4]))
+    feed.close()
+    shapes.add(tuple(sorted((k, v.shape) for k, v in chunk['order'].items())))
+  assert len(shapes) == 1
+
+
 def test_chunks_of_several_steps_hold_the_stream_in_order(table):
   mesh = sharding.make_mesh(8, 1)
   single, _ = _batches(table, mesh, 9)

@@ -161,7 +161,9 @@ class TrainFeed:
       raise ValueError('only a table held in memory can be resident')
     self.order = order_of(table)
     if self.order == 'rows':
-      self._member_rows = row_order.MemberRows.of(member_blocks, seed)
+      self._member_rows = row_order.MemberRows.of(
+          member_blocks, seed,
+          padded_rows(max(len(blocks) for blocks in member_blocks)))
       self._local_order = {
           name: a[self._members]
           for name, a in self._member_rows.arrays().items()}

@@ -123,8 +123,16 @@ class MemberRows:
   key_M: np.ndarray  # uint32
 
   @classmethod
-  def of(cls, member_blocks: Sequence[Blocks], seed: int) -> 'MemberRows':
-    num_starts = max(len(blocks) for blocks in member_blocks)
+  def of(cls, member_blocks: Sequence[Blocks], seed: int,
+         num_starts: int = 0) -> 'MemberRows':
+    """Args:
+      member_blocks: each member's training blocks, in table order.
+      seed: the run's seed.
+      num_starts: pads the starts to at least this length, so that tables
+        of nearby lengths (a cross-validation's folds) give the training
+        call arrays of one shape, and one compiled program.
+    """
+    num_starts = max(num_starts, *(len(blocks) for blocks in member_blocks))
     starts = np.zeros((len(member_blocks), num_starts), np.int32)
     block_rows, num_rows, a, b = [], [], [], []
     for m, blocks in enumerate(member_blocks):
