@@ -11,8 +11,7 @@ from meshfit.input_pipeline.order import Blocks, fold_blocks
 from meshfit.parallel import sharding
 
 
-@pytest.mark.parametrize('n', [1, 2, 3, 5, 16, 17, 99, 137, 1000, 4099,
-                               65_537])
+@pytest.mark.parametrize('n', [1, 2, 3, 17, 137, 4099, 65_537])
 def test_every_epoch_is_a_permutation_and_numpy_agrees_with_jax(n):
   a, b = row_order.radices(n)
   assert a * b >= n > a * b - a
@@ -86,7 +85,7 @@ def test_a_position_past_two_to_the_31_entries():
 
 
 @pytest.mark.parametrize('members_axis, data, model', [
-    (1, 8, 1), (2, 4, 1), (4, 2, 1), (2, 2, 2), (1, 1, 1)])
+    (1, 8, 1), (2, 2, 2), (1, 1, 1)])
 def test_the_devices_compute_the_hosts_rows_on_any_mesh(members_axis, data,
                                                         model):
   own, order = _member_rows()
