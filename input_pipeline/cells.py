@@ -85,7 +85,10 @@ _DECIMAL_COMMA = re.compile(r'[+-]?[0-9]*,[0-9]+')
 # Currency signs a money column's cells may carry: a spreadsheet's export
 # writes them, and the column is a number all the same.
 CURRENCY_SIGNS = '$€£¥₹'
-_SLASH_DATE = re.compile(r'[0-9]{1,2}[/.][0-9]{1,2}[/.][0-9]{2,4}')
+# A date like 03/15/2021, maybe with a time of day (10:30, 10:30:05 PM).
+_SLASH_DATE = re.compile(r'[0-9]{1,2}[/.][0-9]{1,2}[/.][0-9]{2,4}'
+                         r'([ T][0-9]{1,2}:[0-9]{2}(:[0-9]{2})?'
+                         r'( ?[AaPp][Mm])?)?')
 
 
 def as_text(value: Any) -> str:

@@ -39,6 +39,13 @@ MAX_LEVELS_WITH_TEXT = 32
 MAX_CLASSES = 20
 # How many cells a column needs before its distinct fraction says anything.
 MIN_CELLS_FOR_ID = 20
+# Text of at least this many distinct values with fewer than this many
+# training cells a value on average is free text (remarks, titles, job
+# titles, timestamps), not a category: each value's embedding would be fit
+# to the few rows that hold it, which a member then memorises, and a new
+# row's text is most often a value it never saw.
+FREE_TEXT_MIN_VALUES = 100
+FREE_TEXT_ROWS_PER_VALUE = 5
 
 
 def fit(frame: pd.DataFrame, target_columns: Sequence[str],
@@ -191,15 +198,27 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
       cells.bad_dates(values, bad_N, name, file_name, 0, training=True)
     return Column(name, 'datetime', has_missing, parts=_parts(seconds))
   text = present.map(cells.as_text)
-  if (len(text) >= MIN_CELLS_FOR_ID and not named
-      and text.nunique() > MAX_DISTINCT_FRACTION * len(text)):
+  if len(text) >= MIN_CELLS_FOR_ID and not named and (
+      reason := _free_text_reason(text)) is not None:
     if (example := cells.looks_like_slash_dates(text)) is not None:
       return Column(name, 'left_out', reason=f'dates written like '
                     f'{example!r}, which is month or day first cannot be '
                     'told: write them as YYYY-MM-DD to use them')
-    return Column(name, 'left_out', reason='nearly one value per row: an id '
-                  'or free text')
+    return Column(name, 'left_out', reason=reason)
   return _category(text, name, has_missing, min_count)
+
+
+def _free_text_reason(text: pd.Series) -> str | None:
+  """Why a text column's training cells (none missing) are an id or free
+  text rather than a category, or None if they are a category."""
+  distinct = text.nunique()
+  if distinct > MAX_DISTINCT_FRACTION * len(text):
+    return 'nearly one value per row: an id or free text'
+  if (distinct >= FREE_TEXT_MIN_VALUES
+      and len(text) < FREE_TEXT_ROWS_PER_VALUE * distinct):
+    return (f'free text: {distinct} values of {len(text) / distinct:.1f} '
+            'rows each on average, too few for a category to learn from')
+  return None
 
 
 def _category(text: pd.Series, name: str, has_missing: bool,

@@ -449,3 +449,55 @@ def test_a_target_of_classes_is_refused_saying_how_to_predict_one():
   frame['churn'] = [str(i) if i != 5 else 'x' for i in range(40)]
   with pytest.raises(DataError, match="data row 6 .*'x' is not a number"):
     column_kinds.fit(frame, ('churn',), path='train.csv')
+
+
+def _free_text_table(values: int, rows_each: int, seed: int = 0
+                     ) -> pd.DataFrame:
+  """A table whose 'note' column holds `values` texts, each in about
+  `rows_each` rows (shuffled), and whose 'shop' holds 20 values."""
+  rng = np.random.default_rng(seed)
+  n = values * rows_each
+  notes = [f'left at the door, note {v % values}, call first'
+           for v in range(n)]
+  return pd.DataFrame({'note': rng.permutation(notes),
+                       'shop': rng.choice([f's{i}' for i in range(20)], n),
+                       'price': rng.normal(size=n)})
+
+
+@pytest.mark.parametrize('values,rows_each,kind', [
+    (300, 2, 'left_out'),    # most values in two rows: free text
+    (300, 4, 'left_out'),    # still under FREE_TEXT_ROWS_PER_VALUE rows
+    (300, 5, 'category'),    # enough rows a value to learn it from
+    (60, 2, 'category'),     # too few values to call it free text
+])
+def test_text_of_many_thin_values_is_free_text_not_a_category(
+    values, rows_each, kind):
+  plan = _fit(_free_text_table(values, rows_each))
+  kinds = {c.name: c.kind for c in plan.features}
+  assert kinds == {'note': kind, 'shop': 'category'}
+  if kind == 'left_out':
+    reason = plan.left_out[0].reason
+    assert reason.startswith(f'free text: {values} values of '
+                             f'{float(rows_each):.1f} rows each')
+    assert 'note (free text' in column_kinds.left_out_warning(plan)
+
+
+def test_free_text_named_as_a_feature_or_category_is_kept():
+  frame = _free_text_table(300, 2)
+  named = column_kinds.fit(frame, ('price',), feature_columns=('note',),
+                           path='train.csv')
+  assert named.features[0].kind == 'category'
+  categorical = _fit(frame, categorical_columns=('note',))
+  assert {c.name: c.kind for c in categorical.features}['note'] == 'category'
+
+
+def test_slash_timestamps_of_thin_values_are_named_as_dates():
+  rng = np.random.default_rng(0)
+  stamps = [f'{1 + d % 12:02d}/{1 + d % 28:02d}/2021 {d % 24:02d}:00'
+            for d in range(200)] * 3
+  frame = pd.DataFrame({'when': rng.permutation(stamps),
+                        'size': rng.normal(size=600),
+                        'price': rng.normal(size=600)})
+  plan = _fit(frame)
+  assert plan.features[0].kind == 'left_out'
+  assert plan.features[0].reason.startswith('dates written like ')
