@@ -40,12 +40,16 @@ MAX_CLASSES = 20
 # How many cells a column needs before its distinct fraction says anything.
 MIN_CELLS_FOR_ID = 20
 # Text of at least this many distinct values with fewer than this many
-# training cells a value on average is free text (remarks, titles, job
-# titles, timestamps), not a category: each value's embedding would be fit
-# to the few rows that hold it, which a member then memorises, and a new
-# row's text is most often a value it never saw.
+# training cells a value on average, and phrases of at least this many
+# words (the median cell), is free text (remarks, descriptions), not a
+# category: each value's embedding would be fit to the few rows that hold
+# it, which a member then memorises, and a new row's text is most often a
+# value it never saw. Names of a word or two (car lines, job titles) recur
+# in the rows that share them and carry what those rows have in common:
+# left out, epa2021's car lines cost 4.5% (docs/tables.md).
 FREE_TEXT_MIN_VALUES = 100
 FREE_TEXT_ROWS_PER_VALUE = 5
+FREE_TEXT_MIN_WORDS = 3
 
 
 def fit(frame: pd.DataFrame, target_columns: Sequence[str],
@@ -204,21 +208,28 @@ def _fit_column(values: pd.Series, name: str, categorical: bool,
       return Column(name, 'left_out', reason=f'dates written like '
                     f'{example!r}, which is month or day first cannot be '
                     'told: write them as YYYY-MM-DD to use them')
-    return Column(name, 'left_out', reason=reason)
+    if reason:
+      return Column(name, 'left_out', reason=reason)
   return _category(text, name, has_missing, min_count)
 
 
 def _free_text_reason(text: pd.Series) -> str | None:
   """Why a text column's training cells (none missing) are an id or free
-  text rather than a category, or None if they are a category."""
+  text rather than a category; '' if its values are too thin for a
+  category but short names (left out only as dates, which the caller
+  tells); None if they are a category."""
   distinct = text.nunique()
   if distinct > MAX_DISTINCT_FRACTION * len(text):
     return 'nearly one value per row: an id or free text'
-  if (distinct >= FREE_TEXT_MIN_VALUES
-      and len(text) < FREE_TEXT_ROWS_PER_VALUE * distinct):
-    return (f'free text: {distinct} values of {len(text) / distinct:.1f} '
-            'rows each on average, too few for a category to learn from')
-  return None
+  if (distinct < FREE_TEXT_MIN_VALUES
+      or len(text) >= FREE_TEXT_ROWS_PER_VALUE * distinct):
+    return None
+  words = text.str.split().str.len().median()
+  if words < FREE_TEXT_MIN_WORDS:
+    return ''
+  return (f'free text: {distinct} values of {len(text) / distinct:.1f} rows '
+          f'each on average, phrases of {words:.0f} words, too few for a '
+          'category to learn from')
 
 
 def _category(text: pd.Series, name: str, has_missing: bool,

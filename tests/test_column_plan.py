@@ -478,8 +478,18 @@ def test_text_of_many_thin_values_is_free_text_not_a_category(
   if kind == 'left_out':
     reason = plan.left_out[0].reason
     assert reason.startswith(f'free text: {values} values of '
-                             f'{float(rows_each):.1f} rows each')
+                             f'{float(rows_each):.1f} rows each on average, '
+                             'phrases of 8 words')
     assert 'note (free text' in column_kinds.left_out_warning(plan)
+
+
+def test_thin_names_of_a_word_or_two_stay_a_category():
+  # Car lines or job titles: as thin as free text, but a name recurs in
+  # the rows that share it.
+  frame = _free_text_table(300, 2)
+  frame['note'] = frame['note'].str.split(',').str[1].str.strip()
+  assert frame['note'].str.split().str.len().median() == 2
+  assert {c.name: c.kind for c in _fit(frame).features}['note'] == 'category'
 
 
 def test_free_text_named_as_a_feature_or_category_is_kept():
