@@ -46,7 +46,7 @@ MIN_CELLS_FOR_ID = 20
 # it, which a member then memorises, and a new row's text is most often a
 # value it never saw. Names of a word or two (car lines, job titles) recur
 # in the rows that share them and carry what those rows have in common:
-# left out, epa2021's car lines cost 4.5% (docs/tables.md).
+# left out, epa2021's car lines cost 4.5% (docs/tables.md, the dev suite).
 FREE_TEXT_MIN_VALUES = 100
 FREE_TEXT_ROWS_PER_VALUE = 5
 FREE_TEXT_MIN_WORDS = 3
