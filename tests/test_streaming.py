@@ -159,3 +159,29 @@ def test_a_streamed_table_is_read_a_block_at_a_time(table_files, runs,
               **{'dataset.resident_table_mb': 0, 'num_train_steps': 10}),
       str(tmp_path / 'run'))
   assert sizes and max(sizes) <= order.block_rows(ROWS)
+
+
+def test_a_checkpoint_of_the_block_order_resumes_in_the_rows_order_and_says_so(
+    table_files, runs, tmp_path, caplog):
+  """A checkpoint without 'order' (an older meshfit read every table in
+  blocks) resumes a table held in memory in the rows order, with a warning
+  that says the batches differ from an unbroken run's."""
+  import json  # noqa: PLC0415
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(runs['resident'], workdir)
+  for step in ('30', '40'):
+    shutil.rmtree(os.path.join(workdir, 'checkpoints', step))
+  meta_path = os.path.join(workdir, 'checkpoints', '20', 'meta', 'metadata')
+  with open(meta_path, encoding='utf-8') as f:
+    meta = json.load(f)
+  assert meta.pop('order') == 'rows'
+  with open(meta_path, 'w', encoding='utf-8') as f:
+    json.dump(meta, f)
+  loop.train_and_evaluate(
+      _config(table_files, runs['data_dir'],
+              **{'dataset.resident_table_mb': 1024}), workdir)
+  warned = [r.getMessage() for r in caplog.records
+            if 'order' in r.getMessage() and r.levelname == 'WARNING']
+  assert len(warned) == 1 and 'in the blocks order' in warned[0], warned
+  assert 'an older meshfit wrote it' in warned[0]
+  assert [r['step'] for r in _records(workdir) if 'train/loss' in r][-1] == 40
