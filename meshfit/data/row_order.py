@@ -100,13 +100,21 @@ def _permute(xp: Any, i, n, a, b, key, epoch):
       size_left, size_right = size_right, size_left
     return left * size_right + right
 
-  x = network(i)
   if xp is np:
+    x = network(i)
     while (out := x >= n).any():
       x = np.where(out, network(x), x)
-  else:
-    x = jax.lax.while_loop(lambda x: jnp.any(x >= n),
-                           lambda x: jnp.where(x >= n, network(x), x), x)
+    return x
+
+  # One copy of the network in the program (compiling it is most of what
+  # the order adds to a training program): every entry walks once, then
+  # those still outside [0, n) again.
+  def walk(carry):
+    x, outside = carry
+    x = jnp.where(outside, network(x), x)
+    return x, x >= n
+  x, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[1]), walk,
+                            (i, jnp.ones(i.shape, bool)))
   return x
 
 
