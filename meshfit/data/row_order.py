@@ -30,8 +30,9 @@ from jax.sharding import Mesh, PartitionSpec as P
 from meshfit.input_pipeline.order import Blocks
 from meshfit.parallel import sharding
 
-# Feistel rounds: enough that every output bit depends on every input bit
-# several times over; each costs a hash and a remainder per entry.
+# Feistel rounds (even: the device loops over pairs of them): enough that
+# every output bit depends on every input bit several times over; each
+# costs a hash and a remainder per entry.
 ROUNDS = 6
 _MASK32 = 0xFFFFFFFF
 
@@ -106,12 +107,24 @@ def _permute(xp: Any, i, n, a, b, key, epoch):
       x = np.where(out, network(x), x)
     return x
 
-  # One copy of the network in the program (compiling it is most of what
-  # the order adds to a training program): every entry walks once, then
-  # those still outside [0, n) again.
+  # The program holds one round pair, looped, and one walk (compiling the
+  # network is most of what the order adds to a training program): every
+  # entry walks once, then those still outside [0, n) again.
+  def round_pair(r, halves):
+    left, right = halves
+    for size, k in ((a, 2 * r), (b, 2 * r + 1)):
+      round_key = _fmix32(jnp, epoch_key + k.astype(u32) * u32(0x632BE5AB))
+      left, right = right, (left + _fmix32(jnp, right ^ round_key) % size) % size
+    return left, right
+
+  def looped_network(x):
+    left, right = jax.lax.fori_loop(0, ROUNDS // 2, round_pair,
+                                    (x // b, x % b))
+    return left * b + right
+
   def walk(carry):
     x, outside = carry
-    x = jnp.where(outside, network(x), x)
+    x = jnp.where(outside, looped_network(x), x)
     return x, x >= n
   x, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[1]), walk,
                             (i, jnp.ones(i.shape, bool)))
