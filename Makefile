@@ -23,9 +23,11 @@ $(VENV)/.bench-installed: $(VENV)/.installed requirements-bench.txt
 train: $(VENV)/.installed
 	$(PY) train.py --config=configs/default.py --workdir=runs/default
 
-# The whole suite: what CI runs.
+# The whole suite: what CI runs. Two workers, a test file each at a time
+# (module fixtures are per file): much of the suite waits on subprocesses,
+# an emulator's retries and a SLURM cluster, and the other worker trains.
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -rs tests
+	$(PY) -m pytest -q -rs -n 2 --dist loadfile tests
 
 # Unit tests only: no training run, no subprocess of train.py (tests marked
 # slow are left out).

@@ -236,7 +236,7 @@ def _on_a_terminal(args: list[str]) -> str:
 
 def test_a_terminal_gets_one_line_redrawn_in_place(tables, tmp_path):
   # Long enough that the line is redrawn a few times (every 0.25 s).
-  steps = 12000
+  steps = 6000
   out = _on_a_terminal(_args(tables, str(tmp_path / 'run'), ('y',),
                              f'--config.num_train_steps={steps}',
                              '--config.eval_every_steps=100',
