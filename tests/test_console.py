@@ -219,7 +219,10 @@ def _on_a_terminal(args: list[str]) -> str:
   attrs = termios.tcgetattr(follower)
   attrs[1] &= ~termios.ONLCR  # '\n' stays '\n'
   termios.tcsetattr(follower, termios.TCSANOW, attrs)
-  proc = subprocess.Popen(args, cwd=ROOT, env=_env(), stdin=follower,
+  # The terminal's size, not an inherited COLUMNS (pytest-xdist's workers
+  # carry one), says how wide the line is.
+  env = {k: v for k, v in _env().items() if k not in ('COLUMNS', 'LINES')}
+  proc = subprocess.Popen(args, cwd=ROOT, env=env, stdin=follower,
                           stdout=follower, stderr=follower, close_fds=True)
   os.close(follower)
   out = b''
