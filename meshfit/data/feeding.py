@@ -3,7 +3,8 @@
 Each process prepares only the rows that its own devices hold under the
 batch sharding and hands them to `jax.make_array_from_process_local_data`,
 which assembles the global array. Which examples a batch holds is decided by
-`meshfit.input_pipeline.order`, the same on any number of processes and devices.
+`meshfit.data.row_order` (a table in memory) or `meshfit.input_pipeline.order`
+(a table on disk), the same on any number of processes and devices.
 
 Training runs several steps per jitted call, so the feed hands out chunks of
 batches. A table held in memory is read in the order of
