@@ -90,44 +90,42 @@ def _permute(xp: Any, i, n, a, b, key, epoch):
                             for v in (i, n, a, b, key, epoch))
   epoch_key = _fmix32(xp, key ^ _fmix32(xp, epoch * u32(0x9E3779B9)
                                         + u32(0x7F4A7C15)))
-  round_keys = [_fmix32(xp, epoch_key + u32((r * 0x632BE5AB) & _MASK32))
-                for r in range(ROUNDS)]
 
-  def network(x):
-    left, right, size_left, size_right = x // b, x % b, a, b
-    for round_key in round_keys:
-      mixed = _fmix32(xp, right ^ round_key) % size_left
-      left, right = right, (left + mixed) % size_left
-      size_left, size_right = size_right, size_left
-    return left * size_right + right
-
-  if xp is np:
-    x = network(i)
-    while (out := x >= n).any():
-      x = np.where(out, network(x), x)
-    return x
-
-  # The program holds one round pair, looped, and one walk (compiling the
-  # network is most of what the order adds to a training program): every
-  # entry walks once, then those still outside [0, n) again.
+  # One definition of the network for numpy and jax. On jax the program
+  # holds one round pair, looped, and one walk (compiling the network is
+  # most of what the order adds to a training program).
   def round_pair(r, halves):
     left, right = halves
     for size, k in ((a, 2 * r), (b, 2 * r + 1)):
-      round_key = _fmix32(jnp, epoch_key + k.astype(u32) * u32(0x632BE5AB))
-      left, right = right, (left + _fmix32(jnp, right ^ round_key) % size) % size
+      round_key = _fmix32(xp, epoch_key
+                          + xp.asarray(k).astype(u32) * u32(0x632BE5AB))
+      left, right = right, (left + _fmix32(xp, right ^ round_key) % size
+                            ) % size
     return left, right
 
-  def looped_network(x):
-    left, right = jax.lax.fori_loop(0, ROUNDS // 2, round_pair,
-                                    (x // b, x % b))
+  def network(x):
+    halves = (x // b, x % b)
+    if xp is np:
+      for r in range(ROUNDS // 2):
+        halves = round_pair(r, halves)
+    else:
+      halves = jax.lax.fori_loop(0, ROUNDS // 2, round_pair, halves)
+    left, right = halves
     return left * b + right
 
+  # Every entry walks once, then those still outside [0, n) again.
   def walk(carry):
     x, outside = carry
-    x = jnp.where(outside, looped_network(x), x)
+    x = xp.where(outside, network(x), x)
     return x, x >= n
-  x, _ = jax.lax.while_loop(lambda carry: jnp.any(carry[1]), walk,
-                            (i, jnp.ones(i.shape, bool)))
+
+  carry = (i, xp.ones(i.shape, bool))
+  if xp is np:
+    while carry[1].any():
+      carry = walk(carry)
+  else:
+    carry = jax.lax.while_loop(lambda carry: jnp.any(carry[1]), walk, carry)
+  x, _ = carry
   return x
 
 
@@ -163,8 +161,9 @@ class MemberRows:
       starts[m, :len(blocks)] = blocks.start
       block_rows.append(int(sizes.max()))
       num_rows.append(blocks.num_rows)
-      a.append(radices(blocks.num_rows)[0])
-      b.append(radices(blocks.num_rows)[1])
+      a_m, b_m = radices(blocks.num_rows)
+      a.append(a_m)
+      b.append(b_m)
     if max(num_rows) + (1 << 24) >= 1 << 31:
       raise ValueError('a member trains on more rows than the device order '
                        'counts in 32 bits')
