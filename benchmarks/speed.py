@@ -377,15 +377,18 @@ def _adam_update(params, opt_state, x_BxF, y_BxT, *, dtype, tx, axis=None):
 class _UpdateLoop(Variant):
   """Steps a jitted or pmapped update over pre-placed batches."""
 
+  def _inputs(self, i: int) -> tuple:
+    """What step i takes beside the params and optimizer state."""
+    return self._batches[i % len(self._batches)]
+
   def run(self, num_steps: int) -> float:
     # XLA:CPU's collectives need the work in flight bounded (several
     # devices): each step waits for the one two before it.
     pending = collections.deque()
     start = time.perf_counter()
     for i in range(num_steps):
-      x, y = self._batches[i % len(self._batches)]
       self._params, self._opt_state, loss = self._step(
-          self._params, self._opt_state, x, y)
+          self._params, self._opt_state, *self._inputs(i))
       pending.append(loss)
       if len(pending) > 2:
         jax.block_until_ready(pending.popleft())
@@ -448,17 +451,8 @@ class MembersJit(_UpdateLoop):
     self._step = jax.jit(step, donate_argnums=(0, 1))
     self.run(2)
 
-  def run(self, num_steps: int) -> float:
-    pending = collections.deque()
-    start = time.perf_counter()
-    for i in range(num_steps):
-      self._params, self._opt_state, loss = self._step(
-          self._params, self._opt_state, np.int32(i))
-      pending.append(loss)
-      if len(pending) > 2:
-        jax.block_until_ready(pending.popleft())
-    jax.block_until_ready((self._params, loss))
-    return time.perf_counter() - start
+  def _inputs(self, i: int) -> tuple:
+    return (np.int32(i),)  # the step draws its own batches from it
 
 
 class Pmap(_UpdateLoop):
