@@ -1,7 +1,7 @@
-"""The order in which training examples are read, and reading ahead.
+"""The block order of a table streamed from disk, and reading ahead.
 
-One definition serves a table held whole (on device) and one streamed from
-disk in blocks (input_pipeline/store.py), so both train on the same batches:
+A table prepared on disk (input_pipeline/store.py) is read in blocks, in
+this order (a table held in memory reads meshfit/data/row_order.py's):
 
 - The table's rows form *blocks* of `block_rows(N)` consecutive rows (a
   power of two, up to BLOCK_ROWS_MAX; only the table's last block may be
@@ -253,7 +253,9 @@ class ExampleOrder:
 
   def rows(self, position: int, num_batches: int,
            columns: slice = slice(None)) -> np.ndarray:
-    """Table rows of `num_batches` consecutive batches.
+    """Table rows of `num_batches` consecutive batches, each lane's epoch
+    computed whole: the definition the tests hold the streamed feed's
+    windows (`lane_pieces`, `shuffle_windows`) to.
 
     Args:
       position: the stream entry the first batch starts at (a multiple of
