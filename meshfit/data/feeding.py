@@ -228,20 +228,21 @@ class TrainFeed:
       if jax.process_count() > 1:
         at = {name: self._replicate(a) for name, a in at.items()}
       return {'order': self._order_on_devices(), **at}
-    rows_KxMxBxC = np.zeros((self._k, self._members.stop - self._members.start,
-                             self._rows.stop - self._rows.start,
-                             self._table.columns), np.float32)
-    if self.order == 'rows':
+    shape = (self._k, self._members.stop - self._members.start,
+             self._rows.stop - self._rows.start)
+    if self.order == 'rows':  # gathered straight into each array
       idx = self.host_rows(position, num_steps)
-      f = self._table.num_inputs
-      rows_KxMxBxC[:num_steps, ..., :f] = self._table.x_NxF[idx]
-      rows_KxMxBxC[:num_steps, ..., f:] = self._table.y_NxT[idx]
+      local = {}
+      for name, table in (('x', self._table.x_NxF), ('y', self._table.y_NxT)):
+        local[name] = np.zeros(shape + table.shape[1:], np.float32)
+        local[name][:num_steps] = table[idx]
     else:
+      rows_KxMxBxC = np.zeros(shape + (self._table.columns,), np.float32)
       for m, windows in enumerate(self._windows):
         rows_KxMxBxC[:num_steps, m] = windows.rows(position, num_steps)
-    f = self._table.num_inputs
-    local = {'x': np.ascontiguousarray(rows_KxMxBxC[..., :f]),
-             'y': np.ascontiguousarray(rows_KxMxBxC[..., f:])}
+      f = self._table.num_inputs
+      local = {'x': np.ascontiguousarray(rows_KxMxBxC[..., :f]),
+               'y': np.ascontiguousarray(rows_KxMxBxC[..., f:])}
     return {name: jax.make_array_from_process_local_data(
         self.chunk_sharding, a,
         (self._k, self._num_members, self._batch_size) + a.shape[3:])
