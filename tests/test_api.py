@@ -133,12 +133,22 @@ def test_a_cli_run_predicts_as_the_api_run_and_loads_into_it(
                                 _values(expected))
 
 
-def test_the_cli_uses_a_saved_api_run(tmp_path, parquet_run):
+def _steps(workdir: str) -> list[str]:
+  return sorted(name for name in os.listdir(os.path.join(workdir,
+                                                         'checkpoints'))
+                if name.isdigit())
+
+
+def test_the_cli_uses_a_saved_api_run(tmp_path, api_run, parquet_run):
   model, _ = parquet_run
   temporary = model.workdir
+  # A run without a workdir holds its checkpoints in memory until saved.
+  assert not os.path.exists(os.path.join(temporary, 'checkpoints'))
   kept = str(tmp_path / 'kept')
   assert model.save(kept) is model
   assert model.workdir == kept and not os.path.exists(temporary)
+  # Then writes those the run would have kept in a workdir of its own.
+  assert _steps(kept) and _steps(kept) == _steps(api_run.workdir)
   out = str(tmp_path / 'pred.parquet')
   run_train('--mode=predict', f'--workdir={kept}', f'--input={TEST}',
             f'--output={out}', '--keep_columns=species', check=0)

@@ -163,3 +163,33 @@ def test_a_save_that_fills_the_disk_half_way_is_one_storage_error(tmp_path):
       ckpt.close()
   finally:
     subprocess.run(['umount', str(disk)], check=True)
+
+
+def test_held_checkpoints_keep_and_write_what_orbax_keeps(tmp_path):
+  import jax.numpy as jnp  # noqa: PLC0415
+  from meshfit.checkpoints.held import HeldCheckpoints  # noqa: PLC0415
+  saves = ((10, 0.5), (20, 0.2), (30, None), (40, 0.3), (50, None))
+  on_disk = checkpointer.Checkpointer(str(tmp_path / 'disk'), max_to_keep=2)
+  held = HeldCheckpoints(str(tmp_path / 'held')).keeping(2)
+  try:
+    for step, loss in saves:
+      for ckpt in (on_disk, held):
+        ckpt.save(step, {'w': jnp.full(4, step, jnp.float32)},
+                  {'step': step}, val_loss=loss)
+    on_disk.wait()
+    assert held.all_steps() == on_disk.all_steps() == [20, 40, 50]
+    assert held.step_to_restore(None) == on_disk.step_to_restore(None) == 20
+    target = {'w': jnp.zeros(4, jnp.float32)}
+    assert held.restore_best(target)[::2] == (20, 0.2)
+    assert held.restore_meta(50) == {'step': 50}
+    held.write()
+    assert held.all_steps() == []
+  finally:
+    on_disk.close()
+  written = checkpointer.Checkpointer(str(tmp_path / 'held'), read_only=True)
+  try:
+    assert written.all_steps() == [20, 40, 50]
+    step, state, loss = written.restore_best(target)
+    assert (step, loss, float(state['w'][0])) == (20, 0.2, 20.0)
+  finally:
+    written.close()

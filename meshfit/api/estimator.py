@@ -192,6 +192,7 @@ class Regressor(RegressorMixin, BaseEstimator):
     state = self.__dict__.copy()
     model = state.pop('model_', None)
     if model is not None:
+      model._written()  # noqa: SLF001 (the package's own model)
       buffer = io.BytesIO()
       with tarfile.open(fileobj=buffer, mode='w') as tar:
         tar.add(model.workdir, arcname='.')

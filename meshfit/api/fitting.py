@@ -5,11 +5,13 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Mapping, Sequence
 
+import jax
 import ml_collections
 
 from meshfit import storage
 from meshfit.api import console, settings
 from meshfit.api.model import Model
+from meshfit.checkpoints.held import HeldCheckpoints
 from meshfit.errors import UsageError
 from meshfit.report import progress
 from meshfit.train import loop
@@ -35,7 +37,8 @@ def fit(data: settings.Data, target: str | Sequence[str], *,
     workdir: where the run lives (config.json, checkpoints, metrics.jsonl),
       local or gs://; a run already there resumes, as train.py resumes it.
       None: a temporary directory, removed with the model unless
-      `Model.save` keeps it.
+      `Model.save` keeps it; its checkpoints stay in memory until the
+      model is saved, evaluated or exported.
     config: None for configs/csv.py's settings; a config file's path; a
       ConfigDict; or a dict of dotted keys over configs/csv.py, e.g.
       `{'model.hidden_sizes': (64, 64)}`. Checked as train.py checks it.
@@ -63,17 +66,21 @@ def fit(data: settings.Data, target: str | Sequence[str], *,
   if eval_data is not None:
     raw.dataset.eval_path = settings.path_of(eval_data, raw.dataset.data_dir,
                                              'dataset.eval_path')
-  owned = None
+  owned = held = None
   if workdir is None:
     owned = tempfile.TemporaryDirectory(prefix='meshfit-')
     workdir = owned.name
+    # Nothing resumes a temporary run: its checkpoints wait in memory
+    # until the model is saved (several processes write theirs in step).
+    if jax.process_count() == 1:
+      held = HeldCheckpoints(workdir)
   else:
     workdir = _checked_workdir(workdir)
   try:
     with console.shown(verbose):
       loop.train_and_evaluate(raw, workdir, console=progress.Console(
-          progress=verbose >= 1, log_scalars=verbose >= 2))
-    return Model(workdir, owned=owned)
+          progress=verbose >= 1, log_scalars=verbose >= 2), held=held)
+    return Model(workdir, owned=owned, held=held)
   except BaseException:
     if owned is not None:
       owned.cleanup()

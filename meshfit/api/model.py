@@ -21,6 +21,7 @@ from meshfit.input_pipeline.column_plan import ColumnPlan
 from meshfit import config as config_lib
 from meshfit.api import console, runs, settings
 from meshfit.checkpoints import reading
+from meshfit.checkpoints.held import HeldCheckpoints
 from meshfit.config import json_files
 from meshfit.data import splits as splits_lib
 from meshfit.errors import UsageError
@@ -51,22 +52,25 @@ class Model:
 
   def __init__(self, workdir: str, step: int | None = None, *,
                owned: tempfile.TemporaryDirectory | None = None,
-               verbose: int = 1):
+               held: HeldCheckpoints | None = None, verbose: int = 1):
     """Opens the run in `workdir` (use `meshfit.load` or `meshfit.fit`).
 
     Args:
       workdir: the run's directory.
       step: the checkpoint; None as `meshfit.load`.
       owned: the temporary directory `workdir` is, removed with the model.
+      held: the run's checkpoints, held in memory until something reads
+        the workdir (`_written`).
       verbose: what the methods show (as `fit`'s verbose).
 
     Raises:
       UsageError: no run in `workdir`, or no such checkpoint.
     """
     self.workdir, self._owned, self._verbose = workdir, owned, verbose
+    self._held = held
     self._saved_config = json_files.load_json(
         storage.join(workdir, 'config.json'))
-    with console.shown(0), reading.SavedModel(workdir, step) as saved:
+    with console.shown(0), reading.SavedModel(workdir, step, held) as saved:
       self.step, self._plan = saved.step, saved.plan
       # The checkpoint's own record of its model decides, not config.json.
       self._run_config = saved.model_config(
@@ -196,6 +200,7 @@ class Model:
       keys = ('dataset.eval_path',)
     config = runs.run_config(self.workdir, given, keys)
     with console.shown(min(self._verbose, 1)):
+      self._written()
       return evaluate_lib.evaluate(config, self.workdir, self.step)
 
   def export(self, path: str) -> dict[str, Any]:
@@ -203,6 +208,7 @@ class Model:
     artifact and model.json) into `path`, a new or empty directory, as
     --mode=export does; returns what it wrote."""
     with console.shown(min(self._verbose, 1)):
+      self._written()
       return export_lib.export(self._run_config, self.workdir, str(path),
                                self.step)
 
@@ -224,6 +230,7 @@ class Model:
     if taken:
       raise UsageError(f'save: {path} is not a new or empty directory; name '
                        'another, or remove what is there')
+    self._written()
     storage.copytree(self.workdir, path)
     self.workdir = path
     if self._owned is not None:
@@ -327,10 +334,18 @@ class Model:
   def _restore(self) -> tuple[Setup, TrainState]:
     """The checkpoint's (set-up, state), restored once."""
     if self._restored is None:
-      with console.shown(0), reading.SavedModel(self.workdir,
-                                                self.step) as saved:
+      with console.shown(0), reading.SavedModel(
+          self.workdir, self.step, self._held) as saved:
         self._restored = saved.restore(self._run_config)
     return self._restored
+
+  def _written(self) -> None:
+    """Puts checkpoints held in memory into the workdir, where the
+    command line's modes (and a copy of the directory) read them."""
+    if self._held is not None:
+      with console.shown(0):
+        self._held.write()
+      self._held = None
 
 
 def _name(data: object) -> str:

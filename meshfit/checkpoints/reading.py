@@ -12,6 +12,7 @@ from meshfit.input_pipeline.column_plan import ColumnPlan
 from meshfit.input_pipeline.errors import DataError
 from meshfit import config as config_lib
 from meshfit.checkpoints import checkpointer
+from meshfit.checkpoints.held import HeldCheckpoints
 from meshfit.config import Config, json_files
 from meshfit.data.features import InputLayout
 from meshfit.errors import UsageError
@@ -218,14 +219,21 @@ class SavedModel:
       (`estimate`), or None.
   """
 
-  def __init__(self, workdir: str, step: int | None = None):
+  def __init__(self, workdir: str, step: int | None = None,
+               held: HeldCheckpoints | None = None):
     """Opens `step` of `workdir` (None: the best by validation, else the
     newest intact one).
+
+    Args:
+      workdir: the run's directory.
+      step: the checkpoint.
+      held: the run's checkpoints, when they are held in memory (a `fit`
+        without a workdir) rather than written there.
 
     Raises:
       UsageError: no such checkpoint, or one that cannot be read.
     """
-    self._ckpt = checkpointer.Checkpointer(workdir, read_only=True)
+    self._ckpt = held or checkpointer.Checkpointer(workdir, read_only=True)
     self._named = step is not None
     self._retries = ROTATION_RETRIES
     try:

@@ -22,6 +22,7 @@ from meshfit import storage
 from meshfit.input_pipeline.tables import Table
 from meshfit import config as config_lib
 from meshfit.checkpoints import checkpointer, reading, workdir_lock
+from meshfit.checkpoints.held import HeldCheckpoints
 from meshfit.config import json_files, sizing
 from meshfit.config import Config
 from meshfit.data import feeding, splits as splits_lib
@@ -47,7 +48,8 @@ CallObserver = Callable[[int, jax.Array], None]
 def train_and_evaluate(config: ml_collections.ConfigDict | Config,
                        workdir: str, *, splits: splits_lib.Splits | None = None,
                        on_call: CallObserver | None = None,
-                       console: progress.Console | None = None) -> dict:
+                       console: progress.Console | None = None,
+                       held: HeldCheckpoints | None = None) -> dict:
   """Trains `config` in `workdir` (resuming if it holds a run), then evaluates.
 
   Args:
@@ -57,6 +59,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
     on_call: called after each train call is dispatched (see CallObserver).
     console: what the console shows of the scalars (default: every write
       as an INFO line; train.py shows progress.Progress).
+    held: keep the checkpoints here, in memory, instead of writing them
+      (a temporary workdir's run, used from this process).
 
   Returns:
     The evaluation of the model eval and predict use (the best step's with
@@ -87,8 +91,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict | Config,
   preemption = PreemptionWatch()
   try:
     with workdir_lock.WorkdirLock(workdir):
-      ckpt = checkpointer.Checkpointer(
-          workdir, max_to_keep=config.max_checkpoints_to_keep)
+      ckpt = (held.keeping(config.max_checkpoints_to_keep) if held else
+              checkpointer.Checkpointer(
+                  workdir, max_to_keep=config.max_checkpoints_to_keep))
       try:
         state, position, tracker = resume.restore_or_init(config, setup,
                                                           ckpt, splits)
