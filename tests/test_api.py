@@ -139,16 +139,24 @@ def _steps(workdir: str) -> list[str]:
                 if name.isdigit())
 
 
+def test_a_temporary_run_holds_its_checkpoints_until_it_is_read(
+    api_run, parquet_run):
+  model, _ = parquet_run
+  assert not os.path.exists(os.path.join(model.workdir, 'checkpoints'))
+  # mode=eval reads the workdir: the run writes the checkpoints it would
+  # have kept in a workdir of its own, then scores as that run does.
+  assert model.evaluate() == api_run.evaluate()
+  assert _steps(model.workdir) and (_steps(model.workdir)
+                                    == _steps(api_run.workdir))
+
+
 def test_the_cli_uses_a_saved_api_run(tmp_path, api_run, parquet_run):
   model, _ = parquet_run
   temporary = model.workdir
-  # A run without a workdir holds its checkpoints in memory until saved.
-  assert not os.path.exists(os.path.join(temporary, 'checkpoints'))
   kept = str(tmp_path / 'kept')
   assert model.save(kept) is model
   assert model.workdir == kept and not os.path.exists(temporary)
-  # Then writes those the run would have kept in a workdir of its own.
-  assert _steps(kept) and _steps(kept) == _steps(api_run.workdir)
+  assert _steps(kept) == _steps(api_run.workdir)
   out = str(tmp_path / 'pred.parquet')
   run_train('--mode=predict', f'--workdir={kept}', f'--input={TEST}',
             f'--output={out}', '--keep_columns=species', check=0)
