@@ -79,10 +79,12 @@ class HeldCheckpoints:
 
   def restore_best(self, target: TrainState
                    ) -> tuple[int, TrainState, float] | None:
-    step = self.best_step()
-    if step is None:
-      return None
-    return step, self.restore_state(step, target), self._held[step][2]
+    with self._lock:
+      step = self._best_step()
+      if step is None:
+        return None
+      loss = self._held[step][2]
+    return step, self.restore_state(step, target), loss
 
   def restore_meta(self, step: int) -> dict[str, Any]:
     with self._lock:
