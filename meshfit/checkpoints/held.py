@@ -2,8 +2,8 @@
 
 A `meshfit.fit` without a workdir trains in a temporary directory that no
 later process can resume from, and its model is used from the same process:
-writing each checkpoint through Orbax there costs a small table's fit a
-quarter of its time and buys nothing. `HeldCheckpoints` stands in for the
+writing each checkpoint through Orbax there costs a small table's refit a
+third of its time and buys nothing. `HeldCheckpoints` stands in for the
 run's `Checkpointer`: a save keeps the state's device arrays (the loop hands
 over copies it will not touch again, or its final state), retention keeps
 the same steps Orbax would, and `write` puts them on disk, as the loop would
