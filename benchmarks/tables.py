@@ -472,22 +472,24 @@ def fit_references(train: pd.DataFrame, test: pd.DataFrame,
   texts = [c for c in x if c not in numbers]
   max_levels = max(MAX_ONE_HOT_LEVELS, MAX_ONE_HOT_FRACTION * len(x))
 
-  def inputs():
+  def inputs(dense: bool = False):
     # Numbers standardised after imputation (indicators too); the one-hot
     # columns stay 0/1 (this is what reproduces refs.json). A level first
-    # seen in the test file encodes as all zeros; NaN is a level.
+    # seen in the test file encodes as all zeros; NaN is a level. PLS
+    # takes no sparse matrix (`dense`).
     return ColumnTransformer([
         ('numbers', make_pipeline(
             SimpleImputer(strategy='median', add_indicator=True),
             StandardScaler()), numbers),
         ('categories', OneHotEncoder(handle_unknown='ignore'),
-         [c for c in texts if x[c].nunique() <= max_levels])])
+         [c for c in texts if x[c].nunique() <= max_levels])],
+        sparse_threshold=0.0 if dense else 0.3)
 
   # PLS, a chemometrician's baseline: its components chosen by 5-fold
   # cross-validation on the training rows, up to MAX_PLS_COMPONENTS.
   width = inputs().fit_transform(x).shape[1]
   pls = GridSearchCV(
-      make_pipeline(inputs(), PLSRegression(scale=False)),
+      make_pipeline(inputs(dense=True), PLSRegression(scale=False)),
       {'plsregression__n_components': list(range(
           1, min(MAX_PLS_COMPONENTS, width) + 1))},
       cv=5, scoring='neg_mean_squared_error')
