@@ -138,9 +138,11 @@ def test_the_blend_weighs_ridge_parts_against_the_networks():
   np.testing.assert_allclose(blended.ridge_weight_T, [1.0, 0.0], atol=1e-12)
   assert blended.loss == pytest.approx(0.0, abs=1e-12)
   assert choice.loss > 0.1  # the networks' own loss, before the blend
-  # Two equally good, independent predictors: about half each, and a
-  # lower loss than either alone (the line search's minimum).
-  network, ridge = (z + 0.5 * rng.normal(size=(N, 2)) for _ in range(2))
+  # Two independent predictors, the ridge parts a little better: about
+  # half each, and a lower loss than either alone (the line search's
+  # minimum); the step is still ranked by the networks' own loss.
+  network = z + 0.5 * rng.normal(size=(N, 2))
+  ridge = z + 0.45 * rng.normal(size=(N, 2))
   blended = selection.blend(choice, network[None].repeat(2, axis=0),
                             ridge[None].repeat(2, axis=0), z)
   assert np.all(np.abs(blended.ridge_weight_T - 0.5) < 0.15)
@@ -149,8 +151,17 @@ def test_the_blend_weighs_ridge_parts_against_the_networks():
   w = blended.ridge_weight_T
   assert blended.loss == pytest.approx(
       np.mean((network + w * (ridge - network) - z)**2))
+  assert blended.step_loss == choice.loss > blended.loss
   assert blended.to_json()['ridge_weight'] == pytest.approx(list(w))
   assert 'ridge part ' in blended.describe()
+  # The ridge parts a little worse alone: the networks are left as they
+  # are, though a line search would still give the ridge parts a share
+  # (which five networks averaged need less of than one).
+  ridge = z + 0.55 * rng.normal(size=(N, 2))
+  alone = selection.blend(choice, network[None].repeat(2, axis=0),
+                          ridge[None].repeat(2, axis=0), z)
+  np.testing.assert_array_equal(alone.ridge_weight_T, [0.0, 0.0])
+  assert alone.loss == pytest.approx(np.mean((network - z)**2))
 
 
 def test_the_blend_of_cross_fitted_members_is_weighed_out_of_fold():
@@ -169,8 +180,9 @@ def test_the_blend_of_cross_fitted_members_is_weighed_out_of_fold():
   choice = selection.choose('all', network, np.zeros_like(network), z, False,
                             fold_N, folds=3)
   blended = selection.blend(choice, network, ridge, z, fold_N, folds=3)
-  assert blended.ridge_weight_T[0] < 0.05
-  assert blended.loss <= choice.loss < 0.02
+  # Out of fold the ridge parts lose to the networks: no share at all.
+  assert blended.ridge_weight_T[0] == 0.0
+  assert blended.loss == pytest.approx(choice.loss) and choice.loss < 0.02
 
 
 def test_log_weighted_sum_is_scipys_logsumexp():

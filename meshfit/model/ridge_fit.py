@@ -9,6 +9,10 @@ inputs are what the ridge part reads (the numbers as the network gets them,
 flags, categories one-hot) and the targets are standardised, so the fit is
 that of the model's own units.
 
+Where the layout gives the numbers as they are too (`model.raw_numbers`),
+the fit reads those and leaves the scaled numbers at weight zero, so that
+the part is linear in the numbers themselves.
+
 The penalty is chosen per target out of PENALTIES by the same validation
 rows that will weigh the blend: each fit is scored on the rows it left out
 (its fold, or the held-out rows). Everything comes from per-group sums of
@@ -108,6 +112,14 @@ def design(stats: FeatureStats, layout: InputLayout, x_NxF: np.ndarray
       stats, layout, jnp.asarray(x_NxF)))
   dense = np.asarray(mlp.ridge_inputs(inputs['numbers'], inputs['missing'],
                                       inputs['raw']), np.float64)
+  if layout.raw_numbers:
+    # Where the numbers also come as they are, the fit reads only those: a
+    # scaled number (quantile ranks) bends each one, and beside many
+    # collinear numbers the bent copies under the same penalty cost a
+    # linear target most of what ridge is for. A zero column's weight
+    # solves to 0, so the part keeps its inputs (and checkpoints their
+    # shapes).
+    dense[:, :inputs['numbers'].shape[1]] = 0.0
   shape = layout.shape
   taken = shape.ridge_categories()
   sizes = [shape.category_sizes[c] for c in taken]

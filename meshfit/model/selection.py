@@ -48,6 +48,8 @@ class Choice:
     folds: the members of a bag (1: members are chosen one by one).
     ridge_weight_T: with ridge parts (`blend`), their weight in the
       members' predictions per target; `loss` is then the blend's.
+    network_loss: with ridge parts, the networks' own loss, by which the
+      step is chosen (else None: `loss` chooses it).
   """
   select: str
   weights_M: np.ndarray
@@ -56,6 +58,13 @@ class Choice:
   all_loss: float
   folds: int = 1
   ridge_weight_T: np.ndarray | None = None
+  network_loss: float | None = None
+
+  @property
+  def step_loss(self) -> float:
+    """The loss that ranks the steps: the networks' own, so that they
+    train and stop as they would without ridge parts."""
+    return self.loss if self.network_loss is None else self.network_loss
 
   @property
   def best_member(self) -> int:
@@ -228,9 +237,15 @@ def blend(choice: Choice, network_MxNxT: np.ndarray,
   """`choice` with its members' ridge parts weighed against their networks.
 
   The chosen ensemble's networks predict d and its ridge parts r on the
-  validation rows (out of fold with folds); each target's weight is the
-  w in [0, 1] that minimises the mean of (d + w (r - d) - z)^2 (a line
-  search in closed form), and the choice's loss becomes that blend's.
+  validation rows (out of fold with folds). Where the ridge parts alone
+  predict a target's validation rows better than the networks do, its
+  weight is the w in [0, 1] that minimises the mean of (d + w (r - d) -
+  z)^2 (a line search in closed form); elsewhere it is 0. The validation
+  rows are each scored by one network while a prediction averages all the
+  members' (cross-fitted: five), so they overrate the ridge part against
+  the networks; where it does not even beat them alone the average of the
+  networks is left as it is. The choice's loss becomes the blend's, and
+  its `network_loss` keeps the networks' own.
 
   Args:
     choice: the members chosen on their networks' outputs (`choose`).
@@ -257,9 +272,13 @@ def blend(choice: Choice, network_MxNxT: np.ndarray,
     weight_T = np.where(size_T > 0, np.sum(step_NxT * (z_NxT - d_NxT), axis=0)
                         / size_T, 0.0)
   weight_T = np.clip(np.nan_to_num(weight_T), 0.0, 1.0)
+  ridge_wins_T = (np.mean((r_NxT - z_NxT)**2, axis=0)
+                  < np.mean((d_NxT - z_NxT)**2, axis=0))
+  weight_T = np.where(ridge_wins_T, weight_T, 0.0)
   loss = float(np.mean(np.mean((d_NxT + weight_T * step_NxT - z_NxT)**2,
                                axis=0)))
-  return dataclasses.replace(choice, loss=loss, ridge_weight_T=weight_T)
+  return dataclasses.replace(choice, loss=loss, ridge_weight_T=weight_T,
+                             network_loss=choice.loss)
 
 
 def _greedy(scorer: _Scorer, losses_M: np.ndarray

@@ -162,7 +162,7 @@ class Evaluations:
             'val/loss_best_member': float(choice.member_losses_M[best]),
             'val/loss_all_members': choice.all_loss,
             'val/members_chosen': float(len(choice.chosen()))})
-      improved = self.tracker.update(step, choice.loss)
+      improved = self.tracker.update(step, choice.step_loss)
       if improved:
         self._best = self._latest
     if self._splits.eval is not None and (
