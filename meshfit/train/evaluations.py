@@ -176,10 +176,13 @@ class Evaluations:
       choice = self._choose(step, state)
       state = with_choice(state, choice, self._setup)  # this copy only
       validation = self._validate(step, state)
+      # val/loss ranks the steps; with ridge parts it is the networks' own
+      # and the blend's is val/loss_blended.
       scalars.update({**_eval_scalars('val', validation),
-                      'val/loss': choice.loss})
+                      'val/loss': choice.step_loss})
       if choice.ridge_weight_T is not None:
         weight_T = choice.ridge_weight_T
+        scalars['val/loss_blended'] = choice.loss
         scalars['val/ridge_weight'] = float(np.mean(weight_T))
         if len(weight_T) > 1:
           scalars.update({f'val/ridge_weight/{t}': float(w) for t, w in zip(
