@@ -297,6 +297,13 @@ def blend(choice: Choice, network_MxNxT: np.ndarray,
                              network_loss=choice.loss)
 
 
+def unblended(choice: Choice, targets: int) -> Choice:
+  """`choice` with its members' ridge parts at weight 0 (its loss the
+  networks')."""
+  return dataclasses.replace(choice, ridge_weight_T=np.zeros(targets),
+                             network_loss=choice.loss)
+
+
 def spread(weights_M: np.ndarray, network_MxNxT: np.ndarray,
            z_NxT: np.ndarray, fold_N: np.ndarray, folds: int) -> np.ndarray:
   """The cross-fitted members' spread, sum_m w_m (d_m - d)^2 (d = sum_m

@@ -106,14 +106,20 @@ class Evaluations:
       self.choice = selection.blend(networks, mean, ridge_out, z, fold_N,
                                     self._folds)
       if self._folds > 1 and np.any(self.choice.ridge_weight_T > 0):
-        # Out of fold the ridge part has a share: weigh it against the
-        # average of the networks, whose spread needs every member's
-        # network on every row (a 0 needs nothing more).
-        spread_T = selection.spread(
-            networks.weights_M, self._every_member(state, mean), z, fold_N,
-            self._folds)
-        self.choice = selection.blend(networks, mean, ridge_out, z, fold_N,
-                                      self._folds, spread_T)
+        if networks.loss < self.tracker.best_loss:
+          # Out of fold the ridge part has a share: weigh it against the
+          # average of the networks, whose spread needs every member's
+          # network on every row (a 0 needs nothing more).
+          spread_T = selection.spread(
+              networks.weights_M, self._every_member(state, mean), z, fold_N,
+              self._folds)
+          self.choice = selection.blend(networks, mean, ridge_out, z, fold_N,
+                                        self._folds, spread_T)
+        else:
+          # A step that does not improve the networks' loss never becomes
+          # the model: the spread's extra passes are spared, and its
+          # networks go alone.
+          self.choice = selection.unblended(networks, z.shape[1])
     if state.num_members > 1 and (
         previous is None or previous.chosen() != self.choice.chosen()):
       logging.info('Step %d: %s.', step,
