@@ -10,10 +10,10 @@ import numpy as np
 
 from bench_common import markdown_table
 
-MODELS = ('ridge', 'sklearn_mlp', 'histgbr', 'catboost', 'lightgbm')
+MODELS = ('ridge', 'sklearn_mlp', 'histgbr', 'catboost', 'lightgbm', 'pls')
 MODEL_NAMES = {'ridge': 'ridge', 'sklearn_mlp': 'sklearn MLP',
                'histgbr': 'HistGBR', 'catboost': 'CatBoost',
-               'lightgbm': 'LightGBM'}
+               'lightgbm': 'LightGBM', 'pls': 'PLS'}
 # The paired bootstrap of `paired_interval`: resamples and coverage.
 BOOTSTRAP_ROUNDS, BOOTSTRAP_LEVEL = 4000, 0.95
 

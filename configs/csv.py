@@ -36,6 +36,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.dataset.numeric_scaling = 'quantile'
   config.model.numeric_embedding = 'ple'
   config.model.raw_numbers = True
+  # Beside each member's network, a ridge regression of the numbers as
+  # they are (and flags, categories one-hot), fitted in closed form; its
+  # share of the prediction is weighed against the networks' average, so
+  # it takes a few hundred rows of collinear numbers (spectra) and leaves
+  # tables the networks fit alone. A run that predicts distributions
+  # (model.likelihood=gaussian) or validates on no rows sets it False.
+  config.model.ridge_blend = True
   # Five members cross-fitted over five folds: each trains on four fifths
   # of the rows and picks the best step on the fifth it did not see, so the
   # ensemble learns from every row and is judged on every row.

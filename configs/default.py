@@ -163,10 +163,13 @@ SETTINGS = (
             integer(0, words='a non-negative integer')),
     Setting('model.ridge_blend', False,
             'Each member also holds a ridge regression of its encoded inputs '
-            '(numbers, missing flags, categories one-hot), fitted in closed '
-            'form on its training rows, and predicts a blend of it and the '
-            "network, the ridge's weight chosen on the validation rows (so "
-            'it needs dataset.validation). squared_error only.', boolean()),
+            '(numbers, as they are with model.raw_numbers; missing flags; '
+            'categories one-hot), fitted in closed form on its training rows, '
+            "and predicts a blend of it and the network, the ridge's weight "
+            "the one with the least expected error for the networks' average "
+            'on the validation rows. Needs dataset.validation and '
+            'likelihood=squared_error (else an error: set it False).',
+            boolean()),
     Setting('model.ensemble_size', 1,
             'Models trained as one program (vmapped over a member axis), '
             'each with its own initialisation and data order from (seed, '

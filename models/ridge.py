@@ -59,7 +59,10 @@ class Ridge(nnx.Module):
   def __init__(self, num_dense: int, category_sizes: tuple[int, ...],
                out_features: int):
     self.offsets = table_offsets(category_sizes)
-    self.kernel = _zeros((num_dense, out_features), (EMBED_AXIS, OUT_AXIS))
+    # One unused row where there is no dense input (a table of categories
+    # only): Orbax cannot save an empty array.
+    self.kernel = _zeros((max(num_dense, 1), out_features),
+                         (EMBED_AXIS, OUT_AXIS))
     rows = table_rows(category_sizes)
     self.table = (_zeros((rows, out_features), (VOCAB_AXIS, OUT_AXIS))
                   if category_sizes else None)
@@ -73,7 +76,7 @@ class Ridge(nnx.Module):
     the categories it takes."""
     # HIGHEST: a TPU's default float32 matmul rounds its operands to
     # bfloat16, which would undo the fit's precision.
-    y_BxT = jnp.matmul(dense_BxD, self.kernel[...],
+    y_BxT = jnp.matmul(dense_BxD, self.kernel[...][:dense_BxD.shape[1]],
                        precision=jax.lax.Precision.HIGHEST)
     y_BxT = y_BxT + self.bias[...][None]
     if self.table is not None:

@@ -226,19 +226,20 @@ def test_tables_benchmark_reports_meshfit_beside_refs_and_refusals(tmp_path):
           for line in result.stdout.splitlines() if line.startswith('| ')}
 
   # table, rows, meshfit RMSE, ridge, MLP, HistGBR, CatBoost, LightGBM,
-  # 5 ratios, time.
+  # PLS (not in refs.json), 6 ratios, time.
   line = rows['line']
-  assert line[0] == '60' and line[2:7] == ['0.5000', '1.000', '2.000',
-                                           '0.2500', '4.000']
+  assert line[0] == '60' and line[2:8] == ['0.5000', '1.000', '2.000',
+                                           '0.2500', '4.000', '–']
   rmse = float(line[1])
   assert 0 < rmse < 0.5 * 3.6  # well under the test target's spread
-  assert [float(r) for r in line[7:12]] == pytest.approx(
+  assert [float(r) for r in line[8:13]] == pytest.approx(
       [rmse / 0.5, rmse / 1.0, rmse / 2.0, rmse / 0.25, rmse / 4.0],
       abs=0.006)
+  assert line[13] == '–'
   assert rows['twice'][1].startswith('exit 2: ')
   assert "column 'a' twice" in rows['twice'][1]
-  assert rows['twice'][7:12] == ['–'] * 5
-  assert rows['geometric mean (1 of 2 tables)'][7:12] == line[7:12]
+  assert rows['twice'][8:14] == ['–'] * 6
+  assert rows['geometric mean (1 of 2 tables)'][8:14] == line[8:14]
 
   saved = json.loads(output.read_text())
   run = saved['tables']['line']['splits']['0']['meshfit']
@@ -299,10 +300,11 @@ def test_interval_report_counts_splits_per_reference():
   rows = [[c.strip() for c in line.split('|')[1:-1]]
           for line in tables.interval_report(results).splitlines()]
   assert rows[0] == ['table', 'vs ridge', 'vs sklearn MLP', 'vs HistGBR',
-                     'vs CatBoost', 'vs LightGBM']
-  # Split 1 has no CatBoost or LightGBM interval: split 0's alone count.
+                     'vs CatBoost', 'vs LightGBM', 'vs PLS']
+  # Split 1 has no CatBoost, LightGBM or PLS interval: split 0's alone
+  # count.
   assert rows[2:] == [['a', '1 / 1 / 0', '1 / 0 / 1', '1 / 1 / 0',
-                       '1 / 0 / 0', '1 / 0 / 0'],
+                       '1 / 0 / 0', '1 / 0 / 0', '1 / 0 / 0'],
                       ['splits in all', '1 / 1 / 0', '1 / 0 / 1',
-                       '1 / 1 / 0', '1 / 0 / 0', '1 / 0 / 0']]
+                       '1 / 1 / 0', '1 / 0 / 0', '1 / 0 / 0', '1 / 0 / 0']]
   assert tables.interval_report({'b': results['b']}) == ''

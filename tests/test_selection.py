@@ -138,9 +138,11 @@ def test_the_blend_weighs_ridge_parts_against_the_networks():
   np.testing.assert_allclose(blended.ridge_weight_T, [1.0, 0.0], atol=1e-12)
   assert blended.loss == pytest.approx(0.0, abs=1e-12)
   assert choice.loss > 0.1  # the networks' own loss, before the blend
-  # Two equally good, independent predictors: about half each, and a
-  # lower loss than either alone (the line search's minimum).
-  network, ridge = (z + 0.5 * rng.normal(size=(N, 2)) for _ in range(2))
+  # Two independent predictors, the ridge parts a little better: about
+  # half each, and a lower loss than either alone (the line search's
+  # minimum); the step is still ranked by the networks' own loss.
+  network = z + 0.5 * rng.normal(size=(N, 2))
+  ridge = z + 0.45 * rng.normal(size=(N, 2))
   blended = selection.blend(choice, network[None].repeat(2, axis=0),
                             ridge[None].repeat(2, axis=0), z)
   assert np.all(np.abs(blended.ridge_weight_T - 0.5) < 0.15)
@@ -149,8 +151,16 @@ def test_the_blend_weighs_ridge_parts_against_the_networks():
   w = blended.ridge_weight_T
   assert blended.loss == pytest.approx(
       np.mean((network + w * (ridge - network) - z)**2))
+  assert blended.step_loss == choice.loss > blended.loss
   assert blended.to_json()['ridge_weight'] == pytest.approx(list(w))
   assert 'ridge part ' in blended.describe()
+  # Held-out rows are scored by every member, as a prediction is: the
+  # line search stands even where the ridge parts alone are a little worse.
+  ridge = z + 0.55 * rng.normal(size=(N, 2))
+  worse = selection.blend(choice, network[None].repeat(2, axis=0),
+                          ridge[None].repeat(2, axis=0), z)
+  assert np.all(worse.ridge_weight_T > 0.25)
+  assert worse.loss < np.mean((network - z)**2)
 
 
 def test_the_blend_of_cross_fitted_members_is_weighed_out_of_fold():
@@ -171,6 +181,64 @@ def test_the_blend_of_cross_fitted_members_is_weighed_out_of_fold():
   blended = selection.blend(choice, network, ridge, z, fold_N, folds=3)
   assert blended.ridge_weight_T[0] < 0.05
   assert blended.loss <= choice.loss < 0.02
+
+
+def _cross_fitted(rng, rows, members, ridge_noise, network_noise=0.5,
+                  label_noise=0.5, pull=0.2):
+  """(z, fold, network_MxN, ridge_MxN, fresh): targets z, the truth plus
+  `label_noise`; cross-fitted members m (fold m) whose networks err from
+  the truth independently by `network_noise`, each pulled `pull` of the way
+  to z on the rows it trained on; ridge parts alike in every member; and
+  `fresh`, (z, networks, ridge part) on new rows that no member trained on,
+  as a prediction meets them."""
+  def draw(n, trained_MxN=None):
+    truth = rng.normal(size=(n, 1))
+    z = truth + label_noise * rng.normal(size=(n, 1))
+    network = truth[None] + network_noise * rng.normal(size=(members, n, 1))
+    if trained_MxN is not None:
+      network = np.where(trained_MxN[:, :, None],
+                         network + pull * (z[None] - network), network)
+    ridge = truth + ridge_noise * rng.normal(size=(n, 1))
+    return z, network, np.repeat(ridge[None], members, axis=0)
+  fold_N = np.arange(rows) % members
+  z, network, ridge = draw(
+      rows, fold_N[None] != np.arange(members)[:, None])
+  return z, fold_N, network, ridge, draw(4 * rows)
+
+
+def test_cross_fitted_blend_is_weighed_against_the_networks_average():
+  # Five networks, each out of fold as good as the ridge parts: one
+  # network's rows give the ridge part about half, but a prediction
+  # averages five independent networks, which it helps far less.
+  rng = np.random.default_rng(3)
+  z, fold_N, network, ridge, fresh = _cross_fitted(
+      rng, 2000, 5, ridge_noise=0.5)
+  choice = selection.choose('all', network, np.zeros_like(network), z, False,
+                            fold_N, folds=5)
+  one_network = selection.blend(choice, network, ridge, z, fold_N, 5)
+  assert one_network.ridge_weight_T[0] == pytest.approx(0.5, abs=0.07)
+  spread_T = selection.spread(choice.weights_M, network, z, fold_N, 5)
+  # Five networks of error variance 0.25 spread by 4/5 of it; measured
+  # beside members pulled towards the targets, a little more (the pull's
+  # share of the label noise: 0.8 * 0.2 * 0.25).
+  assert spread_T[0] == pytest.approx(0.2 + 0.04, abs=0.02)
+  blended = selection.blend(choice, network, ridge, z, fold_N, 5, spread_T)
+  fresh_z, fresh_network, fresh_ridge = fresh
+  def fresh_loss(w):
+    d = fresh_network.mean(axis=0)
+    return np.mean((d + w * (fresh_ridge[0] - d) - fresh_z)**2)
+  best = min(np.linspace(0, 1, 101), key=fresh_loss)
+  # No more than its due: between none and the best weight for new rows.
+  assert 0.1 < best < 0.3
+  assert 0.0 <= blended.ridge_weight_T[0] <= best + 0.03
+  assert fresh_loss(blended.ridge_weight_T[0]) < fresh_loss(
+      one_network.ridge_weight_T[0])
+  # A ridge part far better than five networks keeps nearly all of it.
+  z, fold_N, network, ridge, _ = _cross_fitted(rng, 2000, 5,
+                                               ridge_noise=0.05)
+  spread_T = selection.spread(choice.weights_M, network, z, fold_N, 5)
+  assert selection.blend(choice, network, ridge, z, fold_N, 5,
+                         spread_T).ridge_weight_T[0] > 0.9
 
 
 def test_log_weighted_sum_is_scipys_logsumexp():

@@ -84,7 +84,10 @@ def test_the_best_step_is_kept_beside_the_newest_and_used(penguins_run):
 
 def test_a_ridge_blend_is_weighed_and_carried_by_the_best_checkpoint(
     tmp_path):
+  # Networks that learn slowly, so that the ridge parts beat their
+  # average at every evaluation and take a share.
   config = _penguins(tmp_path, **{'model.ridge_blend': True,
+                                  'optimizer.learning_rate': 1e-5,
                                   'num_train_steps': 100,
                                   'eval_every_steps': 10})
   workdir = str(tmp_path / 'run')
@@ -302,8 +305,11 @@ def test_two_targets_get_their_own_metrics(tmp_path):
   n = 120
   frame = pd.DataFrame({'a': rng.normal(size=n),
                         'kind': rng.choice(['u', 'v'], n)})
-  frame['small'] = 0.01 * frame['a']
-  frame['large'] = 1000.0 * frame['a'] + 500.0 * (frame['kind'] == 'u')
+  # Each measured with noise of its own scale (a ridge part fits the
+  # noiseless line exactly).
+  frame['small'] = 0.01 * frame['a'] + 1e-4 * rng.normal(size=n)
+  frame['large'] = (1000.0 * frame['a'] + 500.0 * (frame['kind'] == 'u')
+                    + 10.0 * rng.normal(size=n))
   frame.iloc[:90].to_csv(tmp_path / 'train.csv', index=False)
   frame.iloc[90:].to_csv(tmp_path / 'test.csv', index=False)
   config = _config(tmp_path, str(tmp_path / 'train.csv'),

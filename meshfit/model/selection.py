@@ -48,6 +48,8 @@ class Choice:
     folds: the members of a bag (1: members are chosen one by one).
     ridge_weight_T: with ridge parts (`blend`), their weight in the
       members' predictions per target; `loss` is then the blend's.
+    network_loss: with ridge parts, the networks' own loss, by which the
+      step is chosen (else None: `loss` chooses it).
   """
   select: str
   weights_M: np.ndarray
@@ -56,6 +58,13 @@ class Choice:
   all_loss: float
   folds: int = 1
   ridge_weight_T: np.ndarray | None = None
+  network_loss: float | None = None
+
+  @property
+  def step_loss(self) -> float:
+    """The loss that ranks the steps: the networks' own, so that they
+    train and stop as they would without ridge parts."""
+    return self.loss if self.network_loss is None else self.network_loss
 
   @property
   def best_member(self) -> int:
@@ -224,13 +233,29 @@ def choose(select: str, mean_MxNxT: np.ndarray, var_MxNxT: np.ndarray,
 
 def blend(choice: Choice, network_MxNxT: np.ndarray,
           ridge_MxNxT: np.ndarray, z_NxT: np.ndarray,
-          fold_N: np.ndarray | None = None, folds: int = 1) -> Choice:
+          fold_N: np.ndarray | None = None, folds: int = 1,
+          spread_T: np.ndarray | None = None) -> Choice:
   """`choice` with its members' ridge parts weighed against their networks.
 
-  The chosen ensemble's networks predict d and its ridge parts r on the
-  validation rows (out of fold with folds); each target's weight is the
-  w in [0, 1] that minimises the mean of (d + w (r - d) - z)^2 (a line
-  search in closed form), and the choice's loss becomes that blend's.
+  Each target's weight is the w in [0, 1] that minimises the expected
+  squared error of the prediction, d + w (r - d), where d is the chosen
+  networks' average and r their ridge parts'. It is quadratic in w, given
+  E(z - d)^2, E(z - d)(z - r) and E(z - r)^2:
+
+  - held-out rows are scored by every member, so the three are read off
+    them (the line search of the blend on those rows);
+  - cross-fitted rows (`folds`) are each scored by one member, whose error
+    is the ensemble's plus the members' spread (the ambiguity
+    decomposition, Krogh and Vedelsby 1995: mean_m (z - d_m)^2 =
+    (z - d)^2 + mean_m (d_m - d)^2). So E(z - d)^2 is the members' own
+    out-of-fold error less `spread_T`, their spread on rows none of them
+    trained on (`spread`); the other two are linear in d and read off the
+    rows as they are (the ridge parts' spread, kept, counts against them).
+    Without `spread_T` the weight is what a spread of 0 gives, an upper
+    bound: the weight only falls as the spread rises, so a 0 is final.
+
+  The choice's loss becomes the blend's on the validation rows (out of fold
+  with folds), and its `network_loss` keeps the networks' own.
 
   Args:
     choice: the members chosen on their networks' outputs (`choose`).
@@ -239,6 +264,7 @@ def blend(choice: Choice, network_MxNxT: np.ndarray,
     z_NxT: the standardised validation targets.
     fold_N: with folds, the fold of each validation row.
     folds: as in `choose`.
+    spread_T: with folds, `spread` of the chosen networks.
   """
   weights_M = choice.weights_M.astype(np.float64)
   if folds > 1:
@@ -246,20 +272,75 @@ def blend(choice: Choice, network_MxNxT: np.ndarray,
     ridge_MxNxT = out_of_fold(ridge_MxNxT, fold_N, folds)
     weights_M = weights_M[::folds] * folds
   used = weights_M > 0  # a diverged member's NaN must not reach the sums
-  d_NxT = np.tensordot(weights_M[used], network_MxNxT[used].astype(
-      np.float64), axes=1)
+  network_UxNxT = network_MxNxT[used].astype(np.float64)
+  d_NxT = np.tensordot(weights_M[used], network_UxNxT, axes=1)
   r_NxT = np.tensordot(weights_M[used], ridge_MxNxT[used].astype(
       np.float64), axes=1)
   z_NxT = z_NxT.astype(np.float64)
-  step_NxT = r_NxT - d_NxT
-  size_T = np.sum(step_NxT**2, axis=0)
+  if folds > 1:  # the members' own error, less their spread
+    network_T = np.mean(np.tensordot(
+        weights_M[used], (network_UxNxT - z_NxT[None])**2, axes=1), axis=0)
+    network_T = network_T - (0.0 if spread_T is None else spread_T)
+  else:
+    network_T = np.mean((d_NxT - z_NxT)**2, axis=0)
+  cross_T = np.mean((z_NxT - d_NxT) * (z_NxT - r_NxT), axis=0)
+  ridge_T = np.mean((z_NxT - r_NxT)**2, axis=0)
+  # E(d + w (r - d) - z)^2 = network - 2 w (network - cross) + w^2 curve.
+  curve_T = network_T - 2 * cross_T + ridge_T
   with np.errstate(all='ignore'):
-    weight_T = np.where(size_T > 0, np.sum(step_NxT * (z_NxT - d_NxT), axis=0)
-                        / size_T, 0.0)
+    weight_T = np.where(curve_T > 0, (network_T - cross_T) / curve_T,
+                        (ridge_T < network_T).astype(np.float64))
   weight_T = np.clip(np.nan_to_num(weight_T), 0.0, 1.0)
-  loss = float(np.mean(np.mean((d_NxT + weight_T * step_NxT - z_NxT)**2,
-                               axis=0)))
-  return dataclasses.replace(choice, loss=loss, ridge_weight_T=weight_T)
+  loss = float(np.mean(np.mean((d_NxT + weight_T * (r_NxT - d_NxT)
+                                - z_NxT)**2, axis=0)))
+  return dataclasses.replace(choice, loss=loss, ridge_weight_T=weight_T,
+                             network_loss=choice.loss)
+
+
+def unblended(choice: Choice, targets: int) -> Choice:
+  """`choice` with its members' ridge parts at weight 0 (its loss the
+  networks')."""
+  return dataclasses.replace(choice, ridge_weight_T=np.zeros(targets),
+                             network_loss=choice.loss)
+
+
+def spread(weights_M: np.ndarray, network_MxNxT: np.ndarray,
+           z_NxT: np.ndarray, fold_N: np.ndarray, folds: int) -> np.ndarray:
+  """The cross-fitted members' spread, sum_m w_m (d_m - d)^2 (d = sum_m
+  w_m d_m), estimated for rows none of them trained on, per target.
+
+  It is sum over pairs of w_a w_b E(d_a - d_b)^2, and with errors e = d - z,
+  E(e_a - e_b)^2 = E e_a^2 + E e_b^2 - 2 E e_a e_b. Each member's E e^2 is
+  its error out of fold; E e_a e_b is measured on the rows that either
+  member held out. Where both did (members of two bags, one fold) that is
+  exact; where one did, the other trained on the row and has fitted part of
+  its error, the share it has in common with the first included, so the
+  product understates the pair's common error and the spread is
+  overstated: the networks' average is rated no worse than it is, and the
+  ridge part weighed against it gets no more than its due.
+
+  Args:
+    weights_M: the members' weights in the ensemble (`Choice.weights_M`).
+    network_MxNxT: every member's network on every validation row.
+    z_NxT: the standardised validation targets.
+    fold_N: the fold of each validation row (member m held out m % folds).
+    folds: F.
+  """
+  used = np.flatnonzero(weights_M > 0)
+  w_U = weights_M[used].astype(np.float64) / weights_M[used].sum()
+  held_UxN = fold_N[None] == (used % folds)[:, None]
+  error_UxNxT = (network_MxNxT[used].astype(np.float64)
+                 - z_NxT.astype(np.float64)[None])
+  own_UxT = np.stack([np.mean(error_UxNxT[u, held_UxN[u]]**2, axis=0)
+                      for u in range(len(used))])
+  total_T = np.zeros(z_NxT.shape[1])
+  for a in range(len(used)):
+    for b in range(a + 1, len(used)):
+      rows = held_UxN[a] | held_UxN[b]
+      common_T = np.mean(error_UxNxT[a, rows] * error_UxNxT[b, rows], axis=0)
+      total_T += w_U[a] * w_U[b] * np.maximum(
+          own_UxT[a] + own_UxT[b] - 2 * common_T, 0.0)
+  return total_T
 
 
 def _greedy(scorer: _Scorer, losses_M: np.ndarray

@@ -102,8 +102,24 @@ class Evaluations:
         self._config.sweep.select, mean, var, z, self._setup.distribution,
         fold_N, self._folds)
     if ridge_out is not None:
-      self.choice = selection.blend(self.choice, mean, ridge_out, z, fold_N,
+      networks = self.choice
+      self.choice = selection.blend(networks, mean, ridge_out, z, fold_N,
                                     self._folds)
+      if self._folds > 1 and np.any(self.choice.ridge_weight_T > 0):
+        if networks.loss < self.tracker.best_loss:
+          # Out of fold the ridge part has a share: weigh it against the
+          # average of the networks, whose spread needs every member's
+          # network on every row (a 0 needs nothing more).
+          spread_T = selection.spread(
+              networks.weights_M, self._every_member(state, mean), z, fold_N,
+              self._folds)
+          self.choice = selection.blend(networks, mean, ridge_out, z, fold_N,
+                                        self._folds, spread_T)
+        else:
+          # A step that does not improve the networks' loss never becomes
+          # the model: the spread's extra passes are spared, and its
+          # networks go alone.
+          self.choice = selection.unblended(networks, z.shape[1])
     if state.num_members > 1 and (
         previous is None or previous.chosen() != self.choice.chosen()):
       logging.info('Step %d: %s.', step,
@@ -111,6 +127,24 @@ class Evaluations:
     if self._folds > 1:
       self._out_of_fold = self._out_of_fold_metrics(mean, ridge_out, stats)
     return self.choice
+
+  def _every_member(self, state: state_lib.TrainState,
+                    held_MxNxT: np.ndarray) -> np.ndarray:
+    """Every member's network on every validation row of a cross-fitted
+    run, given the members' on the rows they held out: the same program
+    (`self._held_out_step`) on the folds shifted by one to F - 1."""
+    validation = self._splits.validation
+    fold_N, folds = self._splits.validation_fold_N, self._folds
+    every_MxNxT = held_MxNxT.copy()
+    member_fold_M = np.arange(len(every_MxNxT)) % folds
+    for shift in range(1, folds):
+      shifted_N = (fold_N + shift) % folds
+      mean, _, _ = inference.held_out_member_parts(
+          self._setup, state, validation.x_NxF, shifted_N, folds,
+          self._config.eval_batch_size, self._held_out_step, self._table_z)
+      rows_MxN = member_fold_M[:, None] == shifted_N[None]
+      every_MxNxT[rows_MxN] = mean[rows_MxN]
+    return every_MxNxT
 
   def _out_of_fold_metrics(self, mean_MxNxT, ridge_MxNxT, stats) -> dict:
     """The chosen ensemble's metrics on the validation rows, each row
@@ -148,10 +182,13 @@ class Evaluations:
       choice = self._choose(step, state)
       state = with_choice(state, choice, self._setup)  # this copy only
       validation = self._validate(step, state)
+      # val/loss ranks the steps; with ridge parts it is the networks' own
+      # and the blend's is val/loss_blended.
       scalars.update({**_eval_scalars('val', validation),
-                      'val/loss': choice.loss})
+                      'val/loss': choice.step_loss})
       if choice.ridge_weight_T is not None:
         weight_T = choice.ridge_weight_T
+        scalars['val/loss_blended'] = choice.loss
         scalars['val/ridge_weight'] = float(np.mean(weight_T))
         if len(weight_T) > 1:
           scalars.update({f'val/ridge_weight/{t}': float(w) for t, w in zip(
@@ -162,7 +199,7 @@ class Evaluations:
             'val/loss_best_member': float(choice.member_losses_M[best]),
             'val/loss_all_members': choice.all_loss,
             'val/members_chosen': float(len(choice.chosen()))})
-      improved = self.tracker.update(step, choice.loss)
+      improved = self.tracker.update(step, choice.step_loss)
       if improved:
         self._best = self._latest
     if self._splits.eval is not None and (
