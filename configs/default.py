@@ -167,8 +167,9 @@ SETTINGS = (
             'categories one-hot), fitted in closed form on its training rows, '
             "and predicts a blend of it and the network, the ridge's weight "
             "the one with the least expected error for the networks' average "
-            'on the validation rows. Needs dataset.validation and '
-            'likelihood=squared_error (else an error: set it False).',
+            'on the validation rows. Applies to runs that validate '
+            '(dataset.validation) with likelihood=squared_error; others go '
+            'without.',
             boolean()),
     Setting('model.ensemble_size', 1,
             'Models trained as one program (vmapped over a member axis), '

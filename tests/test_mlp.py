@@ -430,22 +430,18 @@ def test_the_ridge_part_takes_the_smallest_categories_that_fit():
   assert ridge_model.categories_taken(ridge_model.MAX_INPUTS, (3,)) == ()
 
 
-def test_ridge_blend_must_be_a_bool_and_needs_validation_and_values():
+def test_ridge_blend_must_be_a_bool_and_applies_where_it_is_weighed():
   raw = default.get_config().to_dict()
   raw['model']['ridge_blend'] = 'yes'
   with pytest.raises(UsageError,
                      match=r"model.ridge_blend='yes' must be True or False"):
     config_lib.parse(raw)
   raw['model']['ridge_blend'] = True
-  with pytest.raises(UsageError, match=r'weighs the ridge part on validation'
-                     r' rows; set dataset.validation'):
-    config_lib.parse(raw)
+  assert not config_lib.parse(raw).model.ridge_blend  # no validation rows
   raw['dataset']['validation'] = 0.2
   assert config_lib.parse(raw).model.ridge_blend
-  raw['model']['likelihood'] = 'gaussian'
-  with pytest.raises(UsageError, match=r"model.likelihood='gaussian' "
-                     'predicts distributions; set model.ridge_blend=False'):
-    config_lib.parse(raw)
+  raw['model']['likelihood'] = 'gaussian'  # distributions, not values
+  assert not config_lib.parse(raw).model.ridge_blend
 
 
 def test_normal_quantile_edges_are_scipys():
