@@ -209,7 +209,6 @@ def config_for(data: UciData, i: int, search: Search, scratch: str,
   config.model.dropout_rate = 0.0
   config.model.dtype = config.model.param_dtype = 'float32'
   config.model.likelihood = 'gaussian'
-  config.model.ridge_blend = False  # it blends values, not distributions
   config.model.nll_beta = search.nll_beta
   config.model.ensemble_size = search.members
   config.sweep.learning_rates = search.learning_rates

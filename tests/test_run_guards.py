@@ -114,8 +114,6 @@ def test_an_edited_config_json_does_not_change_the_model(
 
   def edit(config):
     config['model'][key] = value
-    if key == 'likelihood':  # else refused before the checkpoint is read
-      config['model']['ridge_blend'] = False
     return config
   _edit_json(os.path.join(copy, 'config.json'), edit)
   out = str(tmp_path / 'pred.csv')
