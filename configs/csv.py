@@ -41,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   # share of the prediction is weighed against the networks' average, so
   # it takes a few hundred rows of collinear numbers (spectra) and leaves
   # tables the networks fit alone. A run that predicts distributions
-  # (model.likelihood=gaussian) or validates on no rows sets it False.
+  # (model.likelihood=gaussian) or validates on no rows goes without.
   config.model.ridge_blend = True
   # Five members cross-fitted over five folds: each trains on four fifths
   # of the rows and picks the best step on the fifth it did not see, so the
