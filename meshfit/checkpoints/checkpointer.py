@@ -208,23 +208,7 @@ class Checkpointer:
   def step_to_restore(self, step: int | None) -> int:
     """`step`, or the best (by validation) or else newest intact one,
     checked to exist (eval, predict, export)."""
-    steps = self.all_steps()
-    if not steps:
-      raise UsageError(f'no checkpoint in {self.directory}; train first '
-                       '(python train.py --workdir=...)')
-    if step is None:
-      best = self.best_step()
-      if best is not None and self.is_committed(best):
-        return best
-      intact = [s for s in steps if self.is_committed(s)]
-      if not intact:
-        raise UsageError(f'every checkpoint in {self.directory} is '
-                         'incomplete; resume training to write a new one')
-      return intact[-1]
-    if step not in steps:
-      raise UsageError(f'no checkpoint of step {step} in {self.directory}; '
-                       f'available steps: {", ".join(map(str, steps))}')
-    return step
+    return step_to_restore(self, step)
 
   def wait(self) -> None:
     """Blocks until pending async saves are on disk; raises their errors."""
@@ -263,6 +247,29 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+
+def step_to_restore(ckpt: Any, step: int | None) -> int:
+  """`step`, or the best (by validation) or else newest intact one of
+  `ckpt` (a Checkpointer, or checkpoints held in memory), checked to
+  exist."""
+  steps = ckpt.all_steps()
+  if not steps:
+    raise UsageError(f'no checkpoint in {ckpt.directory}; train first '
+                     '(python train.py --workdir=...)')
+  if step is None:
+    best = ckpt.best_step()
+    if best is not None and ckpt.is_committed(best):
+      return best
+    intact = [s for s in steps if ckpt.is_committed(s)]
+    if not intact:
+      raise UsageError(f'every checkpoint in {ckpt.directory} is '
+                       'incomplete; resume training to write a new one')
+    return intact[-1]
+  if step not in steps:
+    raise UsageError(f'no checkpoint of step {step} in {ckpt.directory}; '
+                     f'available steps: {", ".join(map(str, steps))}')
+  return step
 
 
 def _disk_bytes(directory: str) -> int:

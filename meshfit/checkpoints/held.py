@@ -17,7 +17,6 @@ from typing import Any
 import jax
 
 from meshfit.checkpoints import checkpointer
-from meshfit.errors import UsageError
 from meshfit.model.state import TrainState
 
 
@@ -109,17 +108,7 @@ class HeldCheckpoints:
         self._held.pop(step, None)
 
   def step_to_restore(self, step: int | None) -> int:
-    """As `Checkpointer.step_to_restore`."""
-    steps = self.all_steps()
-    if not steps:
-      raise UsageError(f'no checkpoint in {self.directory}; train first')
-    if step is None:
-      best = self.best_step()
-      return steps[-1] if best is None else best
-    if step not in steps:
-      raise UsageError(f'no checkpoint of step {step} in {self.directory}; '
-                       f'available steps: {", ".join(map(str, steps))}')
-    return step
+    return checkpointer.step_to_restore(self, step)
 
   def reload(self) -> None:
     pass
