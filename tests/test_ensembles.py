@@ -194,23 +194,15 @@ def cross_fitted(tmp_path_factory, data_dir):
   return config, workdir, final
 
 
-def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
-  from meshfit import config as config_lib
-  from meshfit.checkpoints import checkpointer, reading
-  from meshfit.data import splits as splits_lib
+@pytest.fixture(scope='module')
+def cross_fitted_step_40(cross_fitted):
+  """(set-up, train state of step 40, splits) of the cross-fitted run."""
+  from meshfit import config as config_lib  # noqa: PLC0415
+  from meshfit.checkpoints import checkpointer, reading  # noqa: PLC0415
+  from meshfit.data import splits as splits_lib  # noqa: PLC0415
   from meshfit.data.features import InputLayout  # noqa: PLC0415
-  from meshfit.model import (forward, inference, selection,  # noqa: PLC0415
-                             steps)
-  from meshfit.parallel import sharding  # noqa: PLC0415
   from meshfit.model.setup import make_setup  # noqa: PLC0415
-  config, workdir, final = cross_fitted
-  # A bag is both folds of one learning rate: members 0-1 and 2-3.
-  members = final['members']
-  assert set(members) in ({'0', '1'}, {'2', '3'})
-  assert {m['weight'] for m in members.values()} == {0.5}
-  assert len({m['learning_rate'] for m in members.values()}) == 1
-  # The logged validation loss of step 40 is the chosen bag's, every row
-  # predicted by the member that did not train on it.
+  config, workdir, _ = cross_fitted
   parsed = config_lib.parse(config)
   splits = splits_lib.load_splits(parsed.dataset, parsed.seed)
   train = splits.train
@@ -219,9 +211,26 @@ def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
       parsed.dataset.numeric_scaling), train.num_targets)
   ckpt = checkpointer.Checkpointer(workdir)
   try:
-    state = reading.restore(ckpt, setup, 40)
+    return setup, reading.restore(ckpt, setup, 40), splits
   finally:
     ckpt.close()
+
+
+def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted,
+                                                         cross_fitted_step_40):
+  from meshfit.model import (forward, inference, selection,  # noqa: PLC0415
+                             steps)
+  from meshfit.parallel import sharding  # noqa: PLC0415
+  _, workdir, final = cross_fitted
+  setup, state, splits = cross_fitted_step_40
+  train = splits.train
+  # A bag is both folds of one learning rate: members 0-1 and 2-3.
+  members = final['members']
+  assert set(members) in ({'0', '1'}, {'2', '3'})
+  assert {m['weight'] for m in members.values()} == {0.5}
+  assert len({m['learning_rate'] for m in members.values()}) == 1
+  # The logged validation loss of step 40 is the chosen bag's, every row
+  # predicted by the member that did not train on it.
   network, _, ridge_part = inference.table_member_parts(setup, state, train.x_NxF,
                                                 512)
   # The loop scores each row with the members that held it out only: what
@@ -268,6 +277,27 @@ def test_cross_fitted_members_are_validated_out_of_fold(cross_fitted):
   rmse = _records(workdir, 'val/rmse')[40]
   assert rmse == pytest.approx(np.sqrt(logged) * float(stats.y_std_T[0]),
                                rel=1e-4)
+
+
+def test_held_out_folds_a_few_rows_apart_share_one_program(
+    cross_fitted_step_40):
+  # Cross-validation's training sets differ by a row or a few: their
+  # members' held-out folds must not each compile a program of their own.
+  from meshfit.model import forward, inference  # noqa: PLC0415
+  setup, state, splits = cross_fitted_step_40
+  step = forward.jit_held_out_member_parts(
+      setup.graphdef, setup.arch.layout, setup.shardings, setup.mesh)
+  x, fold = splits.train.x_NxF, splits.validation_fold_N
+  shapes = set()
+  for rows in (300, 302, 311):
+    fold_rows = fold[:rows]
+    parts = inference.held_out_member_parts(
+        setup, state, x[:rows], fold_rows, 2, 512,
+        lambda s, x, held, shapes=shapes: shapes.add(x.shape) or step(
+            s, x, held))
+    assert parts[0].shape[1] == rows
+  assert len(shapes) == 1, (
+      f'held-out batches of {sorted(shapes)}: each size compiles anew')
 
 
 def test_resume_with_folds_is_bit_exact(cross_fitted, tmp_path):

@@ -73,12 +73,13 @@ def held_out_member_parts(setup: Setup, state: state_lib.TrainState,
   rows there instead of encoding them again.
   """
   members, n = state.num_members, x_NxF.shape[0]
-  # Batches no larger than a fold: a small table's fold of 60 rows is not
-  # padded to 1,024 (the data devices must still divide a batch).
+  # Batches no larger than a fold (padded as a resident table is): a small
+  # table's fold of 60 rows is not padded to 1,024, and tables a few rows
+  # apart (cross-validation's training sets) share one compiled program.
   fold_rows = [np.flatnonzero(fold_N == fold) for fold in range(folds)]
   data = setup.mesh.shape[sharding.DATA]
-  largest = max(len(rows) for rows in fold_rows)
-  batch_size = min(batch_size, max(data, -(-largest // data) * data))
+  padded = feeding.padded_rows(max(len(rows) for rows in fold_rows))
+  batch_size = min(batch_size, -(-padded // data) * data)
   parts = [None, None, None]
   for fold, rows in enumerate(fold_rows):
     held = np.arange(fold, members, folds, dtype=np.int32)
