@@ -8,11 +8,13 @@ Prints two tables:
 
 1. `cross_val_score(meshfit.Regressor(), X, y, cv=5)` on a table of about
    1,000 rows (babies) against the same call with `CatBoostRegressor()` at
-   its defaults: the first call of the process (meshfit compiles there), a
-   second one (the same shapes: nothing to compile), and one after
-   `jax.clear_caches()`, as in a restarted notebook (traced and lowered
-   again, the compiled programs read from the persistent compilation cache
-   the first call filled).
+   its defaults and with the jax.jit floor (below) of as many steps: the
+   first call of the process (meshfit compiles there), a second one (the
+   same shapes: nothing to compile), and one after `jax.clear_caches()`, as
+   in a restarted notebook (traced and lowered again, the compiled programs
+   read from the persistent compilation cache the first call filled). The
+   calls are `cross_validate`, what `cross_val_score` runs, keeping the
+   estimators to read their steps.
 2. Per shared table (split 0): `meshfit.fit(train) + predict(test)` at
    configs/csv.py's defaults, the table's first fit in the process and a
    refit, against CatBoost's fit + predict of the same files (text columns
@@ -38,6 +40,7 @@ import time
 
 import numpy as np
 import pandas as pd
+from sklearn.base import BaseEstimator, RegressorMixin
 
 from bench_common import markdown_table
 
@@ -90,67 +93,57 @@ def timed(function) -> tuple[float, object]:
 
 
 def cross_validation(data_dir: str, name: str, scratch: str) -> str:
-  """Table 1: cross_val_score's time, meshfit's against CatBoost's."""
+  """Table 1: cross_val_score's time, meshfit's against CatBoost's and the
+  jax.jit floor's (as many steps as meshfit's longest fold took)."""
   import jax  # noqa: PLC0415
   import meshfit  # noqa: PLC0415
-  from sklearn.model_selection import cross_val_score  # noqa: PLC0415
+  from sklearn.model_selection import cross_validate  # noqa: PLC0415
   target, train, _, _, _ = read_table(data_dir, name)
   x, y = train.drop(columns=target), train[target]
   cat_features, (x_cb,) = catboost_inputs(x)
   settings = {'compilation_cache_dir': os.path.join(scratch, 'cv_cache'),
               'dataset.data_dir': os.path.join(scratch, 'cv_tables')}
-  rows = []
+  rows, floor_programs = [], {}
   for call in ('first call', 'second call', 'restarted'):
     if call == 'restarted':
       # As a restarted notebook: every program traced and lowered again, and
       # read from the persistent compilation cache the first call filled.
       jax.clear_caches()
-    mine, mine_r2 = timed(lambda: cross_val_score(
-        meshfit.Regressor(config=settings), x, y, cv=5))
-    theirs, theirs_r2 = timed(lambda: cross_val_score(
+    mine, mine_cv = timed(lambda: cross_validate(
+        meshfit.Regressor(config=settings), x, y, cv=5,
+        return_estimator=True))
+    theirs, theirs_cv = timed(lambda: cross_validate(
         catboost(cat_features), x_cb, y, cv=5))
+    fitted = mine_cv['estimator'][0].model_.config
+    steps = max(int(e.model_.history.index.max())
+                for e in mine_cv['estimator'])
+    floor, floor_cv = timed(lambda: cross_validate(FloorRegressor(
+        steps, fitted.batch_size, fitted.model.ensemble_size,
+        tuple(fitted.model.hidden_sizes), floor_programs), x, y, cv=5))
     rows.append([f'{name} ({len(x)} rows), {call}', f'{mine:.1f}',
-                 f'{theirs:.2f}', f'{mine / theirs:.1f}',
-                 f'{np.mean(mine_r2):.3f}', f'{np.mean(theirs_r2):.3f}'])
+                 f'{theirs:.2f}', f'{floor:.1f}', f'{mine / theirs:.1f}',
+                 f'{floor / theirs:.1f}',
+                 *(f'{np.mean(r["test_score"]):.3f}'
+                   for r in (mine_cv, theirs_cv, floor_cv))])
     print(rows[-1], flush=True)
   return markdown_table(
       ['cross_val_score(cv=5)', 'meshfit.Regressor(), s',
-       'CatBoostRegressor(), s', 'meshfit/CatBoost', 'meshfit mean R²',
-       'CatBoost mean R²'], rows)
+       'CatBoostRegressor(), s', 'jax.jit floor, s', 'meshfit/CatBoost',
+       'floor/CatBoost', 'meshfit mean R²', 'CatBoost mean R²',
+       'floor mean R²'], rows)
 
 
-def jit_floor(train: pd.DataFrame, test: pd.DataFrame, target: str,
-              steps: int, batch_size: int, members: int,
-              hidden: tuple[int, ...]) -> float:
-  """Seconds of a minimal hand-written JAX fit + predict of a network of
-  meshfit's default shape on the same rows: the numbers standardised (text
-  as category codes), `members` MLPs stacked and vmapped, Adam, `steps`
-  steps in one jitted call drawing its batches on the device, one jitted
-  predict. New functions each call: a first call compiles, as any JAX
-  trainer's first fit of a new table does."""
+def _floor_programs(steps: int, batch_size: int, members: int,
+                    hidden: tuple[int, ...]):
+  """(fit, predict) of the jax.jit floor, newly jitted: a minimal
+  hand-written JAX trainer of a network of meshfit's default shape.
+  `fit(x_NxF, y_Nx1, rows)` trains `members` MLPs stacked and vmapped, Adam,
+  `steps` steps in one jitted call drawing its batches on the device from
+  the first `rows` rows (the table may be padded past them); `predict`
+  averages them."""
   import jax  # noqa: PLC0415
   import jax.numpy as jnp  # noqa: PLC0415
   import optax  # noqa: PLC0415
-
-  def matrix(frame):
-    x = frame.drop(columns=target)
-    codes = {c: x[c].astype('category').cat.codes.astype(float)
-             for c in x.columns if not pd.api.types.is_numeric_dtype(x[c])}
-    return x.assign(**codes).to_numpy(np.float32)
-
-  start = time.perf_counter()
-  x, x_test = matrix(train), matrix(test)
-  mean, std = np.nanmean(x, axis=0), np.nanstd(x, axis=0) + 1e-6
-  x, x_test = (np.nan_to_num((a - mean) / std) for a in (x, x_test))
-  y = train[target].to_numpy(np.float32)[:, None]
-  y_mean, y_std = y.mean(), y.std() + 1e-6
-  y = (y - y_mean) / y_std
-  sizes = (x.shape[1], *hidden, 1)
-
-  def init(key):
-    keys = jax.random.split(key, len(sizes) - 1)
-    return [(jax.random.normal(k, (a, b)) * np.sqrt(2 / a), jnp.zeros(b))
-            for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
 
   def forward(params, x):
     for w, b in params[:-1]:
@@ -161,7 +154,13 @@ def jit_floor(train: pd.DataFrame, test: pd.DataFrame, target: str,
   tx = optax.adam(1e-3)
 
   @jax.jit
-  def fit(x, y):
+  def fit(x, y, rows):
+    sizes = (x.shape[1], *hidden, 1)
+
+    def init(key):
+      keys = jax.random.split(key, len(sizes) - 1)
+      return [(jax.random.normal(k, (a, b)) * np.sqrt(2 / a), jnp.zeros(b))
+              for k, a, b in zip(keys, sizes[:-1], sizes[1:])]
     params = jax.vmap(init)(jax.random.split(jax.random.key(0), members))
     opt_state = jax.vmap(tx.init)(params)
 
@@ -174,7 +173,7 @@ def jit_floor(train: pd.DataFrame, test: pd.DataFrame, target: str,
     def body(i, carry):
       params, opt_state = carry
       idx = jax.random.randint(jax.random.fold_in(jax.random.key(1), i),
-                               (members, batch_size), 0, x.shape[0])
+                               (members, batch_size), 0, rows)
       params, opt_state, _ = jax.vmap(member_step)(params, opt_state, idx)
       return params, opt_state
     return jax.lax.fori_loop(0, steps, body, (params, opt_state))[0]
@@ -182,8 +181,72 @@ def jit_floor(train: pd.DataFrame, test: pd.DataFrame, target: str,
   @jax.jit
   def predict(params, x):
     return jnp.mean(jax.vmap(forward, in_axes=(0, None))(params, x), axis=0)
+  return fit, predict
 
-  pred = np.asarray(predict(fit(x, y), x_test)) * y_std + y_mean
+
+class FloorRegressor(RegressorMixin, BaseEstimator):
+  """The jax.jit floor as a scikit-learn estimator, for cross_val_score:
+  numbers standardised (text as category codes, missing as the mean), the
+  target standardised, rows padded to a multiple of 64 so that the folds
+  share one compiled program, as meshfit's do. Clones share their compiled
+  programs (`programs`, a dict), as meshfit.Regressor's clones share theirs
+  within a process."""
+
+  def __init__(self, steps: int, batch_size: int, members: int,
+               hidden: tuple[int, ...], programs: dict):
+    self.steps, self.batch_size, self.members = steps, batch_size, members
+    self.hidden, self.programs = hidden, programs
+
+  def __sklearn_clone__(self) -> 'FloorRegressor':
+    # scikit-learn's clone deep-copies parameters: the dict would be lost.
+    return FloorRegressor(**self.get_params())
+
+  def _matrix(self, x: pd.DataFrame) -> np.ndarray:
+    return np.nan_to_num((_numbers(x) - self.mean_) / self.std_)
+
+  def fit(self, x: pd.DataFrame, y: pd.Series) -> 'FloorRegressor':
+    if not self.programs:
+      self.programs.update(zip(('fit', 'predict'), _floor_programs(
+          self.steps, self.batch_size, self.members, self.hidden)))
+    numbers = _numbers(x)
+    self.mean_ = np.nanmean(numbers, 0)
+    self.std_ = np.nanstd(numbers, 0) + 1e-6
+    y = np.asarray(y, np.float32)[:, None]
+    self.y_mean_, self.y_std_ = y.mean(), y.std() + 1e-6
+    self.params_ = self.programs['fit'](
+        _padded(self._matrix(x)), _padded((y - self.y_mean_) / self.y_std_),
+        np.int32(len(y)))
+    return self
+
+  def predict(self, x: pd.DataFrame) -> np.ndarray:
+    z = np.asarray(self.programs['predict'](self.params_,
+                                            _padded(self._matrix(x))))
+    return z[:len(x), 0] * self.y_std_ + self.y_mean_
+
+
+def _numbers(x: pd.DataFrame) -> np.ndarray:
+  """`x` as float32, text columns as their category codes (a floor's
+  shortcut: a frame's codes follow its own levels)."""
+  codes = {c: x[c].astype('category').cat.codes.astype(float)
+           for c in x.columns if not pd.api.types.is_numeric_dtype(x[c])}
+  return x.assign(**codes).to_numpy(np.float32)
+
+
+def _padded(a: np.ndarray, multiple: int = 64) -> np.ndarray:
+  """`a` with zero rows up to a multiple of `multiple` rows."""
+  return np.pad(a, ((0, -len(a) % multiple), (0, 0)))
+
+
+def jit_floor(train: pd.DataFrame, test: pd.DataFrame, target: str,
+              steps: int, batch_size: int, members: int,
+              hidden: tuple[int, ...]) -> float:
+  """Seconds of the jax.jit floor's fit + predict (`FloorRegressor`) on the
+  same rows, its programs new: a first call compiles, as any JAX trainer's
+  first fit of a new table does."""
+  start = time.perf_counter()
+  pred = FloorRegressor(steps, batch_size, members, hidden, {}).fit(
+      train.drop(columns=target), train[target]).predict(
+          test.drop(columns=target))
   assert np.isfinite(pred).all()
   return time.perf_counter() - start
 
