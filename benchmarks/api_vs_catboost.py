@@ -189,8 +189,8 @@ class FloorRegressor(RegressorMixin, BaseEstimator):
   numbers standardised (text as category codes, missing as the mean), the
   target standardised, rows padded to a multiple of 64 so that the folds
   share one compiled program, as meshfit's do. Clones share their compiled
-  programs (`programs`, a dict), as meshfit.Regressor's clones share theirs
-  within a process."""
+  programs (`programs`, a dict keyed by the network's steps and shape), as
+  meshfit.Regressor's clones share theirs within a process."""
 
   def __init__(self, steps: int, batch_size: int, members: int,
                hidden: tuple[int, ...], programs: dict):
@@ -201,26 +201,32 @@ class FloorRegressor(RegressorMixin, BaseEstimator):
     # scikit-learn's clone deep-copies parameters: the dict would be lost.
     return FloorRegressor(**self.get_params())
 
-  def _matrix(self, x: pd.DataFrame) -> np.ndarray:
-    return np.nan_to_num((_numbers(x) - self.mean_) / self.std_)
+  def _programs(self) -> tuple:
+    """(fit, predict) of this network, made at its first fit."""
+    key = (self.steps, self.batch_size, self.members, tuple(self.hidden))
+    if key not in self.programs:
+      self.programs[key] = _floor_programs(*key)
+    return self.programs[key]
+
+  def _standardised(self, numbers: np.ndarray) -> np.ndarray:
+    return np.nan_to_num((numbers - self.mean_) / self.std_)
 
   def fit(self, x: pd.DataFrame, y: pd.Series) -> 'FloorRegressor':
-    if not self.programs:
-      self.programs.update(zip(('fit', 'predict'), _floor_programs(
-          self.steps, self.batch_size, self.members, self.hidden)))
     numbers = _numbers(x)
     self.mean_ = np.nanmean(numbers, 0)
     self.std_ = np.nanstd(numbers, 0) + 1e-6
     y = np.asarray(y, np.float32)[:, None]
     self.y_mean_, self.y_std_ = y.mean(), y.std() + 1e-6
-    self.params_ = self.programs['fit'](
-        _padded(self._matrix(x)), _padded((y - self.y_mean_) / self.y_std_),
-        np.int32(len(y)))
+    fit, _ = self._programs()
+    self.params_ = fit(_padded(self._standardised(numbers)),
+                       _padded((y - self.y_mean_) / self.y_std_),
+                       np.int32(len(y)))
     return self
 
   def predict(self, x: pd.DataFrame) -> np.ndarray:
-    z = np.asarray(self.programs['predict'](self.params_,
-                                            _padded(self._matrix(x))))
+    _, predict = self._programs()
+    z = np.asarray(predict(self.params_,
+                           _padded(self._standardised(_numbers(x)))))
     return z[:len(x), 0] * self.y_std_ + self.y_mean_
 
 
